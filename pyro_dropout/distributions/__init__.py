@@ -1,0 +1,23 @@
+"""Probability layer: the dropout variational family, the log-uniform prior and their KLs."""
+
+from . import kl
+from .bernoulli_masked_normal import BernoulliMaskedNormal
+from .improper_log_uniform import ImproperLogUniform
+from .kl import (
+    kl_bernoulli_masked_normal_normal,
+    kl_normal_log_uniform,
+    neg_kl_log_uniform_kingma,
+    neg_kl_log_uniform_molchanov,
+    set_log_uniform_kl,
+)
+
+__all__ = [
+    "BernoulliMaskedNormal",
+    "ImproperLogUniform",
+    "kl",
+    "kl_bernoulli_masked_normal_normal",
+    "kl_normal_log_uniform",
+    "neg_kl_log_uniform_kingma",
+    "neg_kl_log_uniform_molchanov",
+    "set_log_uniform_kl",
+]

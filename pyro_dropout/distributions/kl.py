@@ -1,0 +1,159 @@
+r"""KL divergences for the three guide families, registered with ``torch.distributions``.
+
+``KL(Normal ‖ Normal)`` is torch's own closed form and is what the Gaussian guides use; this
+module adds the two that torch and Pyro lack.
+"""
+
+import torch
+from pyro.distributions.util import sum_rightmost
+from torch.distributions import Independent, Normal, register_kl
+
+from .bernoulli_masked_normal import BernoulliMaskedNormal
+from .improper_log_uniform import ImproperLogUniform
+
+__all__ = [
+    "kl_bernoulli_masked_normal_normal",
+    "kl_normal_log_uniform",
+    "neg_kl_log_uniform_molchanov",
+    "neg_kl_log_uniform_kingma",
+    "LOG_ALPHA_RANGE",
+    "set_log_uniform_kl",
+]
+
+# Molchanov et al. (2017), eq. 14.
+K1, K2, K3 = 0.63576, 1.87320, 1.48695
+# Kingma et al. (2015), eq. 12 (fitted for alpha <= 1).
+C1, C2, C3 = 1.16145124, -1.50204118, 0.58629921
+#: log α is clamped to this range inside the VD KL so that θ → 0 or σ → 0 stay finite.
+LOG_ALPHA_RANGE = (-30.0, 30.0)
+
+
+def _strip_independent(p):
+    """Return ``(base, ndims)``: ``p`` without its Independent wrappers and their total depth."""
+    ndims = 0
+    while isinstance(p, Independent):
+        ndims += p.reinterpreted_batch_ndims
+        p = p.base_dist
+    return p, ndims
+
+
+def kl_bernoulli_masked_normal_normal(q, p):
+    r"""Gal & Ghahramani's KL approximation between a :class:`BernoulliMaskedNormal` and a
+    Gaussian prior.
+
+    For each input column :math:`c` (a slice along the output dimension),
+
+    .. math::
+
+        \mathrm{KL}(q_c \,\|\, p_c) \approx (1-p)\,\mathrm{KL}(\mathcal N(m_c, \sigma_c^2)\,\|\,p_c)
+        + p\,\mathrm{KL}(\mathcal N(0, \sigma_c^2)\,\|\,p_c) - \mathcal H(\mathrm{Bernoulli}(p)),
+
+    summed over columns (Gal & Ghahramani 2016, appendix, proposition 1). It is asymptotically
+    exact when the two mixture components are well separated (many output units per column,
+    :math:`\|m_c\| \gg \sigma`): then :math:`\mathbb E_q[\log q]` splits into the two Gaussian
+    entropies plus the Bernoulli entropy. For a prior :math:`\mathcal N(0, l^{-2})` and
+    :math:`\sigma \to 0` it is, up to constants, the L2 weight decay
+    :math:`\tfrac{(1-p) l^2}{2} \|M\|^2` of dropout training.
+
+    ``p`` is a :class:`~torch.distributions.Normal`, optionally wrapped in ``Independent`` so
+    that its total event dimension equals ``q.event_dim``. Returns a tensor of shape
+    ``broadcast(q.batch_shape, p.batch_shape)``.
+    """
+    base, ndims = _strip_independent(p)
+    if not isinstance(base, Normal) or ndims + len(base.event_shape) != q.event_dim:
+        raise NotImplementedError
+    loc0, scale0 = base.loc, base.scale
+    var_ratio = (q.scale / scale0) ** 2
+    log_ratio = torch.log(scale0) - torch.log(q.scale)
+    kl_on = log_ratio + 0.5 * (var_ratio + ((q.loc - loc0) / scale0) ** 2 - 1)
+    kl_off = log_ratio + 0.5 * (var_ratio + (loc0 / scale0) ** 2 - 1)
+    out_dim = -q.event_dim
+    kl_on = kl_on.sum(out_dim, keepdim=True)
+    kl_off = kl_off.sum(out_dim, keepdim=True)
+    rate = q.dropout_rate
+    bernoulli_entropy = -(torch.xlogy(rate, rate) + torch.xlogy(1 - rate, 1 - rate))
+    per_column = (1 - rate) * kl_on + rate * kl_off - bernoulli_entropy
+    return sum_rightmost(per_column, q.event_dim)
+
+
+@register_kl(BernoulliMaskedNormal, Independent)
+def _kl_bmn_independent(q, p):
+    return kl_bernoulli_masked_normal_normal(q, p)
+
+
+@register_kl(BernoulliMaskedNormal, Normal)
+def _kl_bmn_normal(q, p):
+    return kl_bernoulli_masked_normal_normal(q, p)
+
+
+def neg_kl_log_uniform_molchanov(log_alpha):
+    r""":math:`-\mathrm{KL}(\mathcal N(\theta, \alpha\theta^2) \| \text{log-uniform})` by
+    Molchanov et al. (2017), eq. 14:
+
+    .. math::
+
+        -\mathrm{KL} \approx k_1 \sigma(k_2 + k_3 \log\alpha) - \tfrac12 \log(1 + \alpha^{-1}) - k_1,
+
+    with :math:`k_1 = 0.63576, k_2 = 1.87320, k_3 = 1.48695`; accurate for every α, tends to 0
+    as α → ∞ and to :math:`\tfrac12\log\alpha - k_1` as α → 0.
+    """
+    return K1 * torch.sigmoid(K2 + K3 * log_alpha) - 0.5 * torch.nn.functional.softplus(-log_alpha) - K1
+
+
+def neg_kl_log_uniform_kingma(log_alpha):
+    r""":math:`-\mathrm{KL}` by Kingma et al. (2015), eq. 12:
+
+    .. math::
+
+        -\mathrm{KL} \approx C + \tfrac12 \log\alpha + c_1 \alpha + c_2 \alpha^2 + c_3 \alpha^3,
+
+    with :math:`c_1 = 1.16145124, c_2 = -1.50204118, c_3 = 0.58629921`. The cubic was fitted
+    for :math:`\alpha \le 1` only, so α is clamped at 1 (the paper also caps α at 1). The
+    constant is :math:`C = -k_1`, which makes it agree with Molchanov's curve as α → 0.
+    """
+    log_alpha = log_alpha.clamp(max=0.0)
+    alpha = log_alpha.exp()
+    return -K1 + 0.5 * log_alpha + alpha * (C1 + alpha * (C2 + alpha * C3))
+
+
+_APPROXIMATIONS = {"molchanov": neg_kl_log_uniform_molchanov, "kingma": neg_kl_log_uniform_kingma}
+_approximation = "molchanov"
+
+
+def kl_normal_log_uniform(q, p=None, approximation=None):
+    r"""``KL(Normal(θ, σ) ‖ ImproperLogUniform)`` as a function of :math:`\alpha = \sigma^2/\theta^2`.
+
+    :param approximation: ``"molchanov"`` (default, eq. 14 of Molchanov et al. 2017, accurate
+        for all α) or ``"kingma"`` (eq. 12 of Kingma et al. 2015, valid for α ≤ 1). The default
+        used by ``kl_divergence`` can be changed with :func:`set_log_uniform_kl`.
+
+    :math:`\log\alpha = 2\log\sigma - \log\theta^2` is computed with a tiny floor on
+    :math:`\theta^2` and clamped to :data:`LOG_ALPHA_RANGE`, so θ → 0 and huge α give finite
+    values and gradients. With the improper prior this is a regulariser rather than a true KL
+    (Hron et al. 2018): the true divergence is infinite for every q.
+    """
+    fn = _APPROXIMATIONS[approximation or _approximation]
+    tiny = torch.finfo(q.loc.dtype).tiny
+    log_alpha = 2 * torch.log(q.scale) - torch.log(q.loc**2 + tiny)
+    log_alpha = log_alpha.clamp(*LOG_ALPHA_RANGE)
+    kl = -fn(log_alpha)
+    if p is not None:
+        kl = kl.expand(torch.broadcast_shapes(kl.shape, p.batch_shape))
+    return kl
+
+
+def set_log_uniform_kl(approximation):
+    """Choose the approximation ``kl_divergence(Normal, ImproperLogUniform)`` dispatches to:
+    ``"molchanov"`` (default) or ``"kingma"``."""
+    global _approximation
+    if approximation not in _APPROXIMATIONS:
+        raise ValueError(
+            f"approximation must be one of {sorted(_APPROXIMATIONS)}, got {approximation!r}"
+        )
+    _approximation = approximation
+
+
+@register_kl(Normal, ImproperLogUniform)
+def _kl_normal_log_uniform(q, p):
+    return kl_normal_log_uniform(q, p)
+
