@@ -1,7 +1,53 @@
-"""pyro-dropout: dropout as a first-class variational family for Pyro."""
+"""pyro-dropout: dropout as a first-class variational family for Pyro.
+
+One Bayesian network, three interchangeable guides (MC dropout, mean-field Gaussian,
+variational dropout with learned α), all trained with local reparameterisation, compared
+through ArviZ.
+"""
 
 from .distributions import BernoulliMaskedNormal, ImproperLogUniform
+from .guides import (
+    AutoDropout,
+    AutoMeanField,
+    AutoVariationalDropout,
+    init_to_fan_in,
+    init_to_module,
+)
+from .handlers import local_reparameterization, register_local_reparameterization
+from .infer import Prediction, fit, gal_tau, gal_weight_decay, predict
+from .nn import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConvNet,
+    BayesianLinear,
+    BayesianMLP,
+    BayesianModel,
+    bayesianize,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["BernoulliMaskedNormal", "ImproperLogUniform", "__version__"]
+__all__ = [
+    "AutoDropout",
+    "AutoMeanField",
+    "AutoVariationalDropout",
+    "BayesianConv1d",
+    "BayesianConv2d",
+    "BayesianConvNet",
+    "BayesianLinear",
+    "BayesianMLP",
+    "BayesianModel",
+    "BernoulliMaskedNormal",
+    "ImproperLogUniform",
+    "Prediction",
+    "__version__",
+    "bayesianize",
+    "fit",
+    "gal_tau",
+    "gal_weight_decay",
+    "init_to_fan_in",
+    "init_to_module",
+    "local_reparameterization",
+    "predict",
+    "register_local_reparameterization",
+]

@@ -1,0 +1,14 @@
+"""Fitting (plain Pyro SVI) and Monte-Carlo prediction."""
+
+from .fit import fit
+from .predict import Prediction, predict
+from .tau import gal_tau, gal_weight_decay, prior_scale_from_length_scale
+
+__all__ = [
+    "Prediction",
+    "fit",
+    "gal_tau",
+    "gal_weight_decay",
+    "predict",
+    "prior_scale_from_length_scale",
+]

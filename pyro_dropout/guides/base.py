@@ -1,0 +1,172 @@
+"""One base for the three weight guides: the families differ only in how a site's
+distribution is built from its parameters."""
+
+import json
+from contextlib import ExitStack
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.infer.autoguide import AutoGuide
+from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.infer.autoguide.utils import deep_setattr
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import biject_to
+
+from .init import init_to_fan_in
+
+__all__ = ["AutoWeightGuide"]
+
+
+def _deep_getattr(obj, name):
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class AutoWeightGuide(AutoGuide):
+    """Base class of :class:`AutoDropout`, :class:`AutoMeanField` and
+    :class:`AutoVariationalDropout`.
+
+    Why not Pyro's ``AutoNormal``: it samples an auxiliary ``<name>_unconstrained`` Normal and
+    puts a ``Delta`` at the site, so ``TraceMeanField_ELBO`` cannot use an analytic KL there
+    (``KL(Delta, ·)`` is a Monte-Carlo term) and a local-reparameterisation handler sees zero
+    variance. These guides sample their variational distribution **at the model's site
+    itself**, so the registered KLs dispatch and the handler sees the family.
+
+    Sites with real support are handled by the family (:meth:`_init_real_site`,
+    :meth:`_real_site_dist`); a site with other support (e.g. a positive noise scale with a
+    LogNormal prior) gets a mean-field Normal pushed through ``biject_to(support)`` (analytic
+    KL when the prior uses the same transform, e.g. LogNormal).
+
+    :param callable model: a Pyro model, e.g. a :class:`~pyro_dropout.BayesianMLP`.
+    :param callable init_loc_fn: initial posterior means per site; default
+        :func:`~pyro_dropout.guides.init_to_fan_in` (random, fan-in scaled; Pyro's
+        ``init_to_feasible`` would put every weight at exactly 0 and make all hidden units
+        identical). Use :func:`~pyro_dropout.guides.init_to_module` to start from a trained
+        deterministic network.
+    """
+
+    family = None
+
+    def __init__(self, model, *, init_loc_fn=init_to_fan_in, create_plates=None):
+        self.init_loc_fn = init_loc_fn
+        model = InitMessenger(init_loc_fn)(model)
+        super().__init__(model, create_plates=create_plates)
+
+    # -- per-family hooks -------------------------------------------------------------------
+    def _init_real_site(self, name, site, init_mean):
+        raise NotImplementedError
+
+    def _real_site_dist(self, name, site):
+        raise NotImplementedError
+
+    @property
+    def config(self):
+        """JSON-serialisable settings of this guide (recorded in ArviZ exports)."""
+        return {}
+
+    # -- shared machinery -------------------------------------------------------------------
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        self._event_dims = {}
+        self._real = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            for frame in site["cond_indep_stack"]:
+                if frame.full_size is not None and frame.full_size != frame.size:
+                    raise NotImplementedError(
+                        f"{type(self).__name__}: latent site {name!r} lies in the subsampled "
+                        f"plate {frame.name!r}; local latent variables are not supported"
+                    )
+            self._event_dims[name] = site["fn"].event_dim
+            init_mean = site["value"].detach()
+            support = site["fn"].support
+            real = _is_real(support)
+            self._real[name] = real
+            if real:
+                self._init_real_site(name, site, init_mean)
+            else:
+                unconstrained = biject_to(support).inv(init_mean).detach()
+                self._set(
+                    "locs",
+                    name,
+                    PyroParam(unconstrained, constraints.real, unconstrained.dim()),
+                )
+                self._set(
+                    "scales",
+                    name,
+                    PyroParam(
+                        torch.full_like(unconstrained, 0.01),
+                        constraints.softplus_positive,
+                        unconstrained.dim(),
+                    ),
+                )
+
+    def _set(self, group, name, value):
+        if not hasattr(self, group):
+            setattr(self, group, PyroModule())
+        deep_setattr(getattr(self, group), name, value)
+
+    def _get(self, group, name):
+        return _deep_getattr(getattr(self, group), name)
+
+    def _site_dist(self, name, site):
+        if self._real[name]:
+            return self._real_site_dist(name, site)
+        base = dist.Normal(self._get("locs", name), self._get("scales", name))
+        transform = biject_to(site["fn"].support)
+        return dist.TransformedDistribution(base, [transform]).to_event(self._event_dims[name])
+
+    def get_distributions(self):
+        """The variational distribution of every latent site, as emitted at the site."""
+        return {
+            name: self._site_dist(name, site)
+            for name, site in self.prototype_trace.iter_stochastic_nodes()
+        }
+
+    def forward(self, *args, **kwargs):
+        """Sample every latent site from its variational distribution; returns ``{name: value}``."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        plates = self._create_plates(*args, **kwargs)
+        result = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            with ExitStack() as stack:
+                for frame in site["cond_indep_stack"]:
+                    if frame.vectorized:
+                        stack.enter_context(plates[frame.name])
+                result[name] = pyro.sample(name, self._site_dist(name, site))
+        return result
+
+    @torch.no_grad()
+    def median(self, *args, **kwargs):
+        """Posterior means of the weights (``E_q[w]``; for dropout, ``(1-p) M``: the weights of
+        standard dropout's "weight averaging" at test time)."""
+        return {name: self._mean(name, site) for name, site in self._sites(*args, **kwargs)}
+
+    def _mean(self, name, site):
+        d = self._site_dist(name, site)
+        if self._real[name]:
+            return d.mean.detach().clone()
+        return biject_to(site["fn"].support)(self._get("locs", name)).detach().clone()
+
+    def _sites(self, *args, **kwargs):
+        if self.prototype_trace is None:
+            if not args and not kwargs:
+                raise RuntimeError(
+                    f"{type(self).__name__} has not seen the model yet: call it once with the "
+                    "model's arguments (or fit it) first"
+                )
+            self._setup_prototype(*args, **kwargs)
+        return list(self.prototype_trace.iter_stochastic_nodes())
+
+    def describe(self):
+        """``{"family": ..., "config": ...}`` with ``config`` as a JSON string."""
+        return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
+
+
+def _is_real(support):
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real or type(support) is type(constraints.real)

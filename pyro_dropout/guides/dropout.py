@@ -1,0 +1,126 @@
+"""MC dropout as Bernoulli variational inference (Gal & Ghahramani 2016)."""
+
+from collections.abc import Mapping
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroParam
+
+from ..distributions import BernoulliMaskedNormal
+from .base import AutoWeightGuide
+from .init import init_to_fan_in
+
+__all__ = ["AutoDropout"]
+
+
+class AutoDropout(AutoWeightGuide):
+    r"""MC-dropout guide: :class:`~pyro_dropout.BernoulliMaskedNormal` at every weight site.
+
+    Weights (sites with at least two event dims, first = outputs) get
+    :math:`W = M\,\mathrm{diag}(z) + σ ε`, :math:`z \sim \mathrm{Bernoulli}(1-p)` per input unit,
+    with learned :math:`M` and fixed drop rate :math:`p` and slab scale :math:`σ`; other real
+    sites (biases) get :math:`\mathcal N(b, σ^2)` with no dropout (Gal & Ghahramani 2016,
+    appendix). Under :func:`~pyro_dropout.local_reparameterization` a layer then computes
+    exactly standard dropout on its input plus the slab noise; with a prior
+    :math:`\mathcal N(0, l^{-2})` the KL is the weight decay :math:`\tfrac{(1-p)l^2}{2}\|M\|^2`
+    (see :func:`~pyro_dropout.infer.gal_tau`).
+
+    :param dropout_rate: drop probability ``p`` (``torch.nn.Dropout`` convention), one float for
+        every weight site or a mapping ``{site_name: p}`` naming every weight site.
+    :param float scale: the slab standard deviation σ (fixed unless ``learn_scale``).
+    :param bool learn_scale: learn a per-weight σ (softplus-parameterised) instead.
+
+    ``init_loc_fn`` gives initial posterior *means* :math:`E[W] = (1-p)M`.
+
+    Example::
+
+        model = BayesianMLP(8, 1, hidden=(50,), tau=10.0, prior=1 / 0.01)
+        guide = AutoDropout(model, dropout_rate=0.05)
+        fit(model, guide, x, y, num_epochs=400, batch_size=128)
+    """
+
+    family = "mc_dropout"
+
+    def __init__(
+        self,
+        model,
+        *,
+        dropout_rate=0.1,
+        scale=0.01,
+        learn_scale=False,
+        init_loc_fn=init_to_fan_in,
+        create_plates=None,
+    ):
+        if isinstance(dropout_rate, Mapping):
+            for key, p in dropout_rate.items():
+                _check_rate(p, f"dropout_rate[{key!r}]")
+            dropout_rate = dict(dropout_rate)
+        else:
+            _check_rate(dropout_rate, "dropout_rate")
+            dropout_rate = float(dropout_rate)
+        if not scale > 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        self.dropout_rate = dropout_rate
+        self.scale = float(scale)
+        self.learn_scale = bool(learn_scale)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+
+    @property
+    def config(self):
+        return {
+            "dropout_rate": self.dropout_rate,
+            "scale": self.scale,
+            "learn_scale": self.learn_scale,
+        }
+
+    def _setup_prototype(self, *args, **kwargs):
+        self._rates = {}
+        super()._setup_prototype(*args, **kwargs)
+        if isinstance(self.dropout_rate, dict):
+            unknown = sorted(set(self.dropout_rate) - set(self._rates))
+            missing = sorted(n for n, p in self._rates.items() if p is None)
+            if unknown or missing:
+                raise ValueError(
+                    "dropout_rate mapping must name exactly the weight sites "
+                    f"{sorted(self._rates)}; unknown: {unknown}, missing: {missing}"
+                )
+
+    def _is_weight(self, site):
+        return len(site["fn"].event_shape) >= 2
+
+    def _init_real_site(self, name, site, init_mean):
+        n = init_mean.dim()
+        if self._is_weight(site):
+            rate = (
+                self.dropout_rate.get(name)
+                if isinstance(self.dropout_rate, dict)
+                else self.dropout_rate
+            )
+            self._rates[name] = rate
+            keep = 1.0 - (rate or 0.0)
+            # init_loc_fn gives E[W] = (1 - p) M.
+            self._set("locs", name, PyroParam(init_mean / keep, constraints.real, n))
+        else:
+            self._set("locs", name, PyroParam(init_mean.clone(), constraints.real, n))
+        if self.learn_scale:
+            scale = torch.full_like(init_mean, self.scale)
+            self._set("scales", name, PyroParam(scale, constraints.softplus_positive, n))
+
+    def _scale(self, name, like):
+        if self.learn_scale:
+            return self._get("scales", name)
+        return torch.tensor(self.scale, dtype=like.dtype, device=like.device)
+
+    def _real_site_dist(self, name, site):
+        loc = self._get("locs", name)
+        scale = self._scale(name, loc)
+        if name in self._rates:
+            rate = torch.tensor(self._rates[name], dtype=loc.dtype, device=loc.device)
+            return BernoulliMaskedNormal(loc, scale, rate, event_dim=self._event_dims[name])
+        return dist.Normal(loc, scale.expand(loc.shape)).to_event(self._event_dims[name])
+
+
+def _check_rate(p, what):
+    if not isinstance(p, int | float) or not 0 <= p < 1:
+        raise ValueError(f"{what} must be a drop probability in [0, 1), got {p!r}")

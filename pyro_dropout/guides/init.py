@@ -1,0 +1,67 @@
+"""Initial posterior means for the weight guides."""
+
+import math
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_feasible
+
+__all__ = ["init_to_fan_in", "init_to_module"]
+
+
+def init_to_fan_in(site):
+    """Random fan-in scaled means: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights (sites
+    with at least 2 event dims, first one = outputs, as PyTorch's Linear/Conv default), zeros for
+    other real sites (biases), Pyro's ``init_to_feasible`` for constrained sites.
+
+    Pyro's own ``init_to_feasible``/``init_to_mean`` put every weight mean at exactly 0 under a
+    zero-mean prior, so all hidden units start identical and stay so.
+    """
+    if site.get("is_observed"):
+        return None
+    fn = site["fn"]
+    value_shape = fn.batch_shape + fn.event_shape
+    support = fn.support
+    while hasattr(support, "base_constraint"):
+        support = support.base_constraint
+    if type(support).__name__ != "_Real":
+        return init_to_feasible(site)
+    dtype = torch.get_default_dtype()
+    if len(fn.event_shape) >= 2:
+        fan_in = math.prod(fn.event_shape[1:])
+        bound = 1.0 / math.sqrt(fan_in)
+        return (torch.rand(value_shape, dtype=dtype) * 2 - 1) * bound
+    return torch.zeros(value_shape, dtype=dtype)
+
+
+def init_to_module(module, fallback=init_to_fan_in):
+    """Initialise posterior means from a trained deterministic ``torch.nn.Module``.
+
+    A site is matched to the parameter whose name equals the site name or is its suffix after a
+    dot (so site ``"net.0.weight"`` of ``BayesianModel(bayesianize(m))`` takes ``m``'s
+    ``"0.weight"``). Sites without a match use ``fallback``.
+
+    Example::
+
+        net = train_plain_network()           # torch.nn.Sequential(...)
+        model = BayesianModel(bayesianize(net), tau=10.0)
+        guide = AutoMeanField(model, init_loc_fn=init_to_module(net))
+    """
+    params = {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    def init(site):
+        name = site["name"]
+        matches = [k for k in params if name == k or name.endswith("." + k)]
+        if len(matches) > 1:
+            matches = [max(matches, key=len)]
+        if matches:
+            value = params[matches[0]]
+            shape = site["fn"].batch_shape + site["fn"].event_shape
+            if value.shape != shape:
+                raise ValueError(
+                    f"init_to_module: parameter {matches[0]!r} has shape {tuple(value.shape)} "
+                    f"but site {name!r} has shape {tuple(shape)}"
+                )
+            return value.to(torch.get_default_dtype())
+        return fallback(site)
+
+    return init

@@ -1,0 +1,73 @@
+r"""Local-reparameterisation rules for the built-in families.
+
+Normal (mean-field and variational dropout): :math:`b \sim \mathcal N(\mathrm{op}(x, μ),
+\mathrm{op}(x^2, σ^2))`, for Linear and convolution ``op`` alike.
+
+:class:`~pyro_dropout.BernoulliMaskedNormal`: given the mask, :math:`W x = M(z \odot x) +
+(σ \odot ε)x`, so a pre-activation is ``op(x ⊙ z, M) + sqrt(op(x², σ²)) · ε`` with a fresh mask
+per example on the layer input: exactly standard dropout plus the small slab noise. For
+convolutions the mask drops input elements (Gal & Ghahramani's Bayesian CNN); per output
+element this has the same mean and variance as the weight-space family (each kernel tap meets
+a different input element), only correlations across positions differ.
+"""
+
+import torch
+from torch.distributions import Normal
+
+from ..distributions import BernoulliMaskedNormal
+from ..nn.functional import ConvSpec, unexpand
+from .registry import register_local_reparameterization
+
+__all__ = ["sample_gaussian_preactivation"]
+
+#: Variances are clamped here before the square root (sqrt has an infinite gradient at 0).
+VARIANCE_FLOOR = 1e-12
+
+
+def sample_gaussian_preactivation(mean, var):
+    """``mean + sqrt(max(var, floor)) · ε`` with ε ~ N(0, 1) of the output's shape."""
+    eps = torch.randn(
+        torch.broadcast_shapes(mean.shape, var.shape), dtype=mean.dtype, device=mean.device
+    )
+    return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
+
+
+def _is_uniform(t):
+    return unexpand(t).numel() == 1
+
+
+def _noise_variance(x, scale, spec):
+    """``op(x², σ²)``; for a Linear layer with one shared σ it is ``σ² Σ_i x_i²``."""
+    if _is_uniform(scale) and not isinstance(spec, ConvSpec):
+        return scale.reshape(-1)[0] ** 2 * (x * x).sum(-1, keepdim=True)
+    return spec(x * x, scale * scale)
+
+
+@register_local_reparameterization(Normal)
+def _lrt_normal(fn, x, spec):
+    return sample_gaussian_preactivation(spec(x, fn.loc), spec(x * x, fn.scale * fn.scale))
+
+
+def _input_keep_prob(fn, spec):
+    """Keep probability per input unit, aligned with the layer input ``x``."""
+    keep = 1.0 - fn.dropout_rate.select(-fn.event_dim, 0)  # drop the (size-1) output dim
+    if isinstance(spec, ConvSpec):
+        kernel = keep.shape[-spec.ndim :]
+        flat = unexpand(keep).reshape(unexpand(keep).shape[: -spec.ndim] + (-1,))
+        if kernel.numel() > 1 and flat.shape[-1] > 1 and not (flat == flat[..., :1]).all():
+            raise ValueError(
+                "local_reparameterization for convolutions drops input elements, so the "
+                "dropout_rate must not vary across kernel positions"
+            )
+        keep = keep[(...,) + (0,) * spec.ndim]
+        keep = keep[(...,) + (None,) * spec.ndim]
+    return keep
+
+
+@register_local_reparameterization(BernoulliMaskedNormal)
+def _lrt_bernoulli_masked_normal(fn, x, spec):
+    keep = _input_keep_prob(fn, spec)
+    shape = torch.broadcast_shapes(x.shape, keep.shape)
+    mask = torch.rand(shape, dtype=x.dtype, device=x.device) < keep
+    mean = spec(x * mask, fn.loc)
+    return sample_gaussian_preactivation(mean, _noise_variance(x, fn.scale, spec))

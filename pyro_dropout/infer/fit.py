@@ -1,0 +1,121 @@
+"""Fitting a model and guide with plain ``pyro.infer.SVI``."""
+
+import contextlib
+import inspect
+import math
+
+import pyro
+import torch
+from pyro.infer import SVI, TraceMeanField_ELBO
+from tqdm.auto import tqdm
+
+from ..handlers import local_reparameterization as _lrt
+
+__all__ = ["fit"]
+
+
+def _accepts_num_data(model):
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        return "num_data" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def fit(
+    model,
+    guide,
+    x,
+    y,
+    num_steps=None,
+    num_epochs=None,
+    batch_size=None,
+    optim=None,
+    lr=1e-3,
+    local_reparameterization=True,
+    num_particles=1,
+    vectorize_particles=False,
+    progress=True,
+    callback=None,
+    seed=None,
+):
+    r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
+    ``TraceMeanField_ELBO`` (analytic KLs where registered).
+
+    :param num_steps: number of gradient steps, or
+    :param num_epochs: number of passes over the data (``ceil(N / batch_size)`` steps each).
+    :param batch_size: minibatch size; ``None`` uses all data each step. Minibatches are drawn
+        without replacement each epoch and the model is called with ``num_data=N`` so the
+        likelihood is scaled by ``N/B`` (one full KL per pass over the data).
+    :param optim: a Pyro optimiser; default ``pyro.optim.Adam({"lr": lr})``.
+    :param bool local_reparameterization: sample pre-activations instead of weights
+        (:func:`~pyro_dropout.local_reparameterization`).
+    :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
+    :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
+    :returns: the list of per-step losses (the ELBO loss, i.e. the negative ELBO estimate per
+        minibatch, on the full-data scale).
+
+    This is a convenience: ``SVI(model, guide, optim, TraceMeanField_ELBO()).step(x, y)`` under
+    ``local_reparameterization()`` does the same.
+
+    Example::
+
+        model = BayesianMLP(x.shape[1], 1, hidden=(50,), tau=10.0)
+        guide = AutoDropout(model, dropout_rate=0.05)
+        losses = fit(model, guide, x, y, num_epochs=200, batch_size=128)
+    """
+    if (num_steps is None) == (num_epochs is None):
+        raise ValueError("pass exactly one of num_steps and num_epochs")
+    x = torch.as_tensor(x)
+    y = torch.as_tensor(y)
+    n = x.shape[0]
+    if y.shape[0] != n:
+        raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
+    if batch_size is not None and not 1 <= batch_size:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size}")
+    minibatch = batch_size is not None and batch_size < n
+    if minibatch and not _accepts_num_data(model):
+        raise ValueError(
+            "minibatch training needs a model that accepts num_data=N (to scale the "
+            "likelihood by N/B); pyro_dropout's models do, or pass batch_size=None"
+        )
+    steps_per_epoch = math.ceil(n / batch_size) if minibatch else 1
+    total = num_steps if num_steps is not None else num_epochs * steps_per_epoch
+    if total < 1:
+        raise ValueError("num_steps/num_epochs must be at least 1")
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    optim = optim if optim is not None else pyro.optim.Adam({"lr": lr})
+    elbo = TraceMeanField_ELBO(
+        num_particles=num_particles,
+        vectorize_particles=vectorize_particles,
+        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
+    )
+    svi = SVI(model, guide, optim, elbo)
+    losses = []
+    ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
+    bar = tqdm(total=total, disable=not progress, desc=f"fit {type(guide).__name__}")
+    order = None
+    with ctx, bar:
+        for step in range(total):
+            if minibatch:
+                k = step % steps_per_epoch
+                if k == 0:
+                    order = torch.randperm(n, device=x.device)
+                idx = order[k * batch_size : (k + 1) * batch_size]
+                loss = svi.step(x[idx], y[idx], num_data=n)
+            else:
+                loss = svi.step(x, y)
+            losses.append(loss)
+            if not math.isfinite(loss):
+                bar.close()
+                raise FloatingPointError(
+                    f"fit: the loss became {loss} at step {step}; lower the learning rate, "
+                    "or check the data scale and the prior/noise settings"
+                )
+            if step % max(1, total // 100) == 0 or step == total - 1:
+                bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+            bar.update()
+            if callback is not None and callback(step, loss):
+                break
+    return losses

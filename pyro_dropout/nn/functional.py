@@ -1,0 +1,147 @@
+"""Linear and convolution maps that broadcast over leading sample dimensions of the weights.
+
+``F.linear`` rejects a weight with a leading sample dimension, which is why
+``Predictive(parallel=True)`` and ``vectorize_particles=True`` fail on ``PyroModule[nn.Linear]``
+networks. Here a weight of shape ``W_batch + (out, in)`` is broadcast against an input of shape
+``x_batch + (in,)`` exactly like any other batched tensor in Pyro: the weight's batch dims align
+with the input's batch dims from the right. Trailing size-1 weight dims (the data-plate slots)
+are folded into the rows of one matrix product, so a batch of weights costs one batched matmul
+(or one grouped convolution), never a per-example loop.
+
+The layers call :func:`bayesian_layer`, a Pyro *effectful* operation: by default it applies the
+sampled weights, and :class:`~pyro_dropout.handlers.LocalReparameterizationMessenger`
+intercepts it to sample pre-activations instead.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pyro.poutine.runtime import effectful
+
+__all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "unexpand"]
+
+
+def unexpand(t):
+    """View ``t`` with every broadcast (stride-0) dimension shrunk back to size 1."""
+    if t.dim() == 0 or all(s != 0 or n == 1 for s, n in zip(t.stride(), t.shape, strict=True)):
+        return t
+    index = tuple(
+        slice(0, 1) if (s == 0 and n > 1) else slice(None)
+        for s, n in zip(t.stride(), t.shape, strict=True)
+    )
+    return t[index]
+
+
+def _split_batch(x_batch, w_batch):
+    """How many trailing input batch dims the weight does not vary over (its "row" dims)."""
+    rows = 0
+    for i in range(1, len(x_batch) + 1):
+        if i <= len(w_batch) and w_batch[-i] != 1:
+            break
+        rows += 1
+    return rows
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """``y = x Wᵀ (+ b)`` with broadcasting over batch dims of ``W`` and ``x``."""
+
+    feature_dims: int = 1
+
+    def __call__(self, x, weight, bias=None):
+        weight = unexpand(weight)
+        event = weight.shape[-2:]
+        w_batch = weight.shape[:-2]
+        if bias is not None:
+            bias = unexpand(bias)
+        x_batch = x.shape[:-1]
+        rows = _split_batch(x_batch, w_batch)
+        w_lead = w_batch[: max(len(w_batch) - rows, 0)]
+        if all(n == 1 for n in w_lead):
+            # One weight matrix for every row: a plain GEMM.
+            w2 = weight.reshape(event)
+            b2 = None if bias is None else bias.reshape(bias.shape[-1:])
+            if bias is not None and bias.shape[:-1].numel() != 1:
+                out = F.linear(x, w2)
+                return out + bias
+            return F.linear(x, w2, b2)
+        x_lead, row_shape = x_batch[: len(x_batch) - rows], x_batch[len(x_batch) - rows :]
+        x2 = x.reshape(x_lead + (math.prod(row_shape), x.shape[-1]))
+        w2 = weight.reshape(w_lead + event)
+        out = torch.matmul(x2, w2.transpose(-1, -2))
+        out = out.reshape(out.shape[:-2] + row_shape + out.shape[-1:])
+        if bias is not None:
+            out = out + bias
+        return out
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """N-d convolution (``N`` = 1 or 2) broadcasting over batch dims of the kernel and input.
+
+    A batch of ``G`` kernels is applied as one grouped convolution with ``G * groups`` groups.
+    """
+
+    ndim: int = 2
+    stride: tuple = (1, 1)
+    padding: tuple | str = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+
+    @property
+    def feature_dims(self):
+        return 1 + self.ndim
+
+    def _conv(self, x, weight, bias, groups):
+        fn = F.conv1d if self.ndim == 1 else F.conv2d
+        return fn(x, weight, bias, self.stride, self.padding, self.dilation, groups)
+
+    def __call__(self, x, weight):
+        nd = self.ndim
+        weight = unexpand(weight)
+        kernel_event = weight.shape[-(2 + nd) :]
+        w_batch = weight.shape[: -(2 + nd)]
+        x_event = x.shape[-(1 + nd) :]
+        x_batch = x.shape[: -(1 + nd)]
+        rows = _split_batch(x_batch, w_batch)
+        w_lead = w_batch[: max(len(w_batch) - rows, 0)]
+        x_lead, row_shape = x_batch[: len(x_batch) - rows], x_batch[len(x_batch) - rows :]
+        num_rows = math.prod(row_shape)
+        lead = torch.broadcast_shapes(x_lead, w_lead)
+        g = math.prod(lead)
+        out_channels = kernel_event[0]
+        if g == 1:
+            x2 = x.reshape((num_rows,) + x_event)
+            out = self._conv(x2, weight.reshape(kernel_event), None, self.groups)
+            return out.reshape(lead + row_shape + out.shape[1:])
+        # Fold the G lead positions into channels: (rows, G*C, *spatial) with G*groups groups.
+        x2 = x.expand(lead + row_shape + x_event).reshape((g, num_rows) + x_event)
+        x2 = x2.transpose(0, 1).reshape((num_rows, g * x_event[0]) + x_event[1:])
+        w2 = weight.reshape(w_lead + kernel_event).expand(lead + kernel_event)
+        w2 = w2.reshape((g * out_channels,) + kernel_event[1:])
+        out = self._conv(x2, w2, None, g * self.groups)
+        spatial = out.shape[2:]
+        out = out.reshape((num_rows, g, out_channels) + spatial).transpose(0, 1)
+        return out.reshape(lead + row_shape + (out_channels,) + spatial)
+
+
+def add_bias(out, bias, spec):
+    """Add a bias of shape ``batch + (out,)`` to a layer output (broadcast over spatial dims)."""
+    if bias is None:
+        return out
+    if isinstance(spec, ConvSpec):
+        bias = bias[(...,) + (None,) * spec.ndim]
+    return out + bias
+
+
+def _apply_layer(x, weight, bias, *, spec, bias_name=None):
+    if isinstance(spec, LinearSpec):
+        return spec(x, weight, bias)
+    return add_bias(spec(x, weight), bias, spec)
+
+
+#: Effectful layer application. ``name`` is the weight's sample-site name, ``bias_name`` the
+#: bias's (or None); handlers dispatch on message type ``"bayesian_layer"``.
+bayesian_layer = effectful(_apply_layer, type="bayesian_layer")

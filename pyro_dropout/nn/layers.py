@@ -1,0 +1,172 @@
+"""Bayesian Linear and convolution layers whose weights are Pyro sample sites."""
+
+import math
+
+import torch
+from pyro.nn import PyroModule, PyroSample
+from pyro.poutine.runtime import get_plates
+from torch.nn.modules.utils import _pair, _single
+
+from .functional import ConvSpec, LinearSpec, bayesian_layer
+from .priors import make_prior
+
+__all__ = ["BayesianLinear", "BayesianConv1d", "BayesianConv2d"]
+
+
+def _align_to_plates(value, event_ndim):
+    """Lay a weight's batch dims out along the enclosing plates' dims.
+
+    ``Predictive(parallel=True)`` hands the model samples shaped ``(S,) + event_shape``
+    although its vectorising plate sits at ``dim=-max_plate_nesting-1`` (it pads by plate depth,
+    not by event dims); a weight of shape ``(S, out, in)`` would then broadcast against the data
+    dimension. When the batch holds exactly the enclosing plates' sizes, reshape it to their
+    layout, e.g. ``(S,) -> (S, 1)`` for a plate at dim -2.
+    """
+    batch = value.shape[: value.dim() - event_ndim]
+    if not batch:
+        return value
+    plates = [f for f in get_plates() if f.vectorized and f.dim is not None]
+    if not plates:
+        return value
+    target = [1] * max(-f.dim for f in plates)
+    for f in plates:
+        target[f.dim] = f.size
+    target = torch.Size(target)
+    if batch == target or len(batch) >= len(target) or batch.numel() != target.numel():
+        return value
+    return value.reshape(target + value.shape[len(batch) :])
+
+
+class _BayesianLayer(PyroModule):
+    """Shared machinery: ``weight`` and ``bias`` are :class:`~pyro.nn.PyroSample` sites."""
+
+    def _setup_sites(self, weight_shape, bias_shape, prior, bias_prior):
+        self.weight_shape = torch.Size(weight_shape)
+        self.bias_shape = None if bias_shape is None else torch.Size(bias_shape)
+        self.prior = prior
+        self.bias_prior = prior if bias_prior is None else bias_prior
+        # Empty buffer: follows .to(device) so priors are built on the layer's device.
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+        self.weight = PyroSample(lambda self: self._prior(self.prior, self.weight_shape))
+        if bias_shape is None:
+            self.bias = None
+        else:
+            self.bias = PyroSample(lambda self: self._prior(self.bias_prior, self.bias_shape))
+
+    def _prior(self, prior, shape):
+        return make_prior(prior, shape, self._anchor.device, self._anchor.dtype)
+
+    @property
+    def fan_in(self):
+        return math.prod(self.weight_shape[1:])
+
+    def forward(self, x):
+        weight = _align_to_plates(self.weight, len(self.weight_shape))
+        bias = self.bias
+        if bias is not None:
+            bias = _align_to_plates(bias, 1)
+        bias_name = None if bias is None else self._pyro_get_fullname("bias")
+        return bayesian_layer(
+            x,
+            weight,
+            bias,
+            spec=self.spec,
+            bias_name=bias_name,
+            name=self._pyro_get_fullname("weight"),
+        )
+
+
+class BayesianLinear(_BayesianLayer):
+    r"""A Linear layer with random weight ``(out, in)`` and bias ``(out,)``.
+
+    The forward pass broadcasts over leading sample/particle dimensions of the weights
+    (batched matmul), so ``Predictive(parallel=True)`` and
+    ``TraceMeanField_ELBO(vectorize_particles=True)`` work; under
+    :func:`~pyro_dropout.local_reparameterization` it samples pre-activations instead.
+
+    :param prior: prior on the weights: ``None``/a number ``s`` (``Normal(0, s)``, default 1), a
+        scalar distribution such as ``ImproperLogUniform()``, or a callable ``shape -> dist``.
+    :param bias_prior: prior on the bias (defaults to ``prior``).
+
+    Example::
+
+        layer = BayesianLinear(3, 2, prior=0.5)
+        y = layer(torch.randn(10, 3))   # samples weight and bias from the prior
+    """
+
+    def __init__(self, in_features, out_features, bias=True, prior=None, bias_prior=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.spec = LinearSpec()
+        self._setup_sites(
+            (out_features, in_features), (out_features,) if bias else None, prior, bias_prior
+        )
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class _BayesianConvNd(_BayesianLayer):
+    _ndim = 2
+
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        prior=None,
+        bias_prior=None,
+    ):
+        super().__init__()
+        tup = _single if self._ndim == 1 else _pair
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(
+                f"in_channels ({in_channels}) and out_channels ({out_channels}) must both be "
+                f"divisible by groups ({groups})"
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = tup(kernel_size)
+        padding = padding if isinstance(padding, str) else tup(padding)
+        self.spec = ConvSpec(self._ndim, tup(stride), padding, tup(dilation), groups)
+        self._setup_sites(
+            (out_channels, in_channels // groups) + self.kernel_size,
+            (out_channels,) if bias else None,
+            prior,
+            bias_prior,
+        )
+
+    def extra_repr(self):
+        s = self.spec
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={s.stride}, padding={s.padding}, dilation={s.dilation}, groups={s.groups}"
+        )
+
+
+class BayesianConv1d(_BayesianConvNd):
+    """A 1-d convolution with random kernel ``(out, in/groups, k)``; see :class:`BayesianConv2d`."""
+
+    _ndim = 1
+
+
+class BayesianConv2d(_BayesianConvNd):
+    """A 2-d convolution with random kernel ``(out, in/groups, kh, kw)`` and bias ``(out,)``.
+
+    Leading sample dimensions of the kernel are applied as one grouped convolution. Arguments
+    follow :class:`torch.nn.Conv2d` (zero padding only), plus ``prior`` and ``bias_prior`` as in
+    :class:`BayesianLinear`.
+
+    Example::
+
+        conv = BayesianConv2d(1, 4, kernel_size=3, padding=1)
+        y = conv(torch.randn(8, 1, 28, 28))   # (8, 4, 28, 28)
+    """
+
+    _ndim = 2
