@@ -5,7 +5,6 @@ import math
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
-from torch.distributions.utils import broadcast_all
 
 __all__ = ["BernoulliMaskedNormal"]
 
@@ -116,7 +115,9 @@ class BernoulliMaskedNormal(TorchDistribution):
         new.loc = self.loc.expand(batch_shape + self.event_shape)
         new.scale = self.scale.expand(batch_shape + self.event_shape)
         new.dropout_rate = self.dropout_rate.expand(batch_shape + (1,) + self.event_shape[1:])
-        super(BernoulliMaskedNormal, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        super(BernoulliMaskedNormal, new).__init__(
+            batch_shape, self.event_shape, validate_args=False
+        )
         new._validate_args = self._validate_args
         return new
 

@@ -97,7 +97,11 @@ def neg_kl_log_uniform_molchanov(log_alpha):
     with :math:`k_1 = 0.63576, k_2 = 1.87320, k_3 = 1.48695`; accurate for every α, tends to 0
     as α → ∞ and to :math:`\tfrac12\log\alpha - k_1` as α → 0.
     """
-    return K1 * torch.sigmoid(K2 + K3 * log_alpha) - 0.5 * torch.nn.functional.softplus(-log_alpha) - K1
+    return (
+        K1 * torch.sigmoid(K2 + K3 * log_alpha)
+        - 0.5 * torch.nn.functional.softplus(-log_alpha)
+        - K1
+    )
 
 
 def neg_kl_log_uniform_kingma(log_alpha):
@@ -132,7 +136,10 @@ def kl_normal_log_uniform(q, p=None, approximation=None):
     values and gradients. With the improper prior this is a regulariser rather than a true KL
     (Hron et al. 2018): the true divergence is infinite for every q.
     """
-    fn = _APPROXIMATIONS[approximation or _approximation]
+    name = approximation or _approximation
+    if name not in _APPROXIMATIONS:
+        raise ValueError(f"approximation must be one of {sorted(_APPROXIMATIONS)}, got {name!r}")
+    fn = _APPROXIMATIONS[name]
     tiny = torch.finfo(q.loc.dtype).tiny
     log_alpha = 2 * torch.log(q.scale) - torch.log(q.loc**2 + tiny)
     log_alpha = log_alpha.clamp(*LOG_ALPHA_RANGE)
@@ -156,4 +163,3 @@ def set_log_uniform_kl(approximation):
 @register_kl(Normal, ImproperLogUniform)
 def _kl_normal_log_uniform(q, p):
     return kl_normal_log_uniform(q, p)
-
