@@ -27,6 +27,19 @@ from .nn import (
 
 __version__ = "0.1.0"
 
+# The ArviZ layer is imported on first use: ArviZ is a heavy import (and 0.23 prints a
+# FutureWarning), and fitting does not need it.
+_DIAGNOSTICS = ("to_inference_data", "compare")
+
+
+def __getattr__(name):
+    if name in _DIAGNOSTICS:
+        from . import diagnostics
+
+        return getattr(diagnostics, name)
+    raise AttributeError(f"module 'pyro_dropout' has no attribute {name!r}")
+
+
 __all__ = [
     "AutoDropout",
     "AutoMeanField",
@@ -42,6 +55,7 @@ __all__ = [
     "Prediction",
     "__version__",
     "bayesianize",
+    "compare",
     "fit",
     "gal_tau",
     "gal_weight_decay",
@@ -50,4 +64,5 @@ __all__ = [
     "local_reparameterization",
     "predict",
     "register_local_reparameterization",
+    "to_inference_data",
 ]

@@ -1,0 +1,62 @@
+"""ArviZ layer: export variational fits, compare them, diagnose them, plot them.
+
+Works with whichever ArviZ line is installed: ``InferenceData`` (0.23.x) or ``xarray.DataTree``
+(1.x); all version-specific code is in :mod:`pyro_dropout.diagnostics._arviz_compat`.
+
+Example:
+    >>> from pyro_dropout.diagnostics import to_inference_data, compare
+    >>> fits = {name: to_inference_data(model, g, x, y, 300, x_test=xt, y_test=yt)
+    ...         for name, g in guides.items()}  # doctest: +SKIP
+    >>> compare(fits)  # doctest: +SKIP
+"""
+
+from ._arviz_compat import ARVIZ_VERSION, IS_ARVIZ_1, LooResult, summary
+from .compare import compare, held_out_scores, loo
+from .export import from_netcdf, guide_info, to_inference_data, to_netcdf
+from .metrics import (
+    accuracy,
+    brier_score,
+    coverage_table,
+    expected_calibration_error,
+    interval_coverage,
+    log_mean_exp,
+    lppd,
+    mean_lpd,
+    pit,
+    reliability_curve,
+    rmse,
+)
+from .plots import plot_calibration, plot_compare, plot_khat, plot_predictive_bands
+from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
+
+__all__ = [
+    "ARVIZ_VERSION",
+    "IS_ARVIZ_1",
+    "LooResult",
+    "accuracy",
+    "brier_score",
+    "compare",
+    "coverage_table",
+    "expected_calibration_error",
+    "from_netcdf",
+    "guide_info",
+    "held_out_scores",
+    "interpret_vi_khat",
+    "interval_coverage",
+    "log_mean_exp",
+    "loo",
+    "lppd",
+    "mean_lpd",
+    "pit",
+    "plot_calibration",
+    "plot_compare",
+    "plot_khat",
+    "plot_predictive_bands",
+    "reliability_curve",
+    "rmse",
+    "summary",
+    "to_inference_data",
+    "to_netcdf",
+    "vi_diagnostic",
+    "vi_khat",
+]

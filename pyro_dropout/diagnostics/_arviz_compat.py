@@ -1,0 +1,331 @@
+"""Every line of code that depends on which ArviZ line is installed lives here.
+
+Two ArviZ lines are supported:
+
+* **0.23.x** (Python 3.11): ``arviz.InferenceData``; ``az.loo`` returns an ``ELPDData`` pandas
+  Series with fields ``elpd_loo``, ``p_loo``, ``loo_i``; ``az.psislw(log_weights)`` takes the log
+  importance weights themselves.
+* **1.x** (Python >= 3.12): an ``xarray.DataTree`` (``arviz_base`` / ``arviz_stats`` /
+  ``arviz_plots``); ``az.loo`` returns ``ELPDDataLOO`` with fields ``elpd``, ``p``, ``elpd_i``;
+  ``arviz_stats.base.array_stats.psislw(ary)`` smooths the weights ``exp(-ary)`` (it was built
+  for ``ary`` = pointwise log-likelihood, LOO weights being ``1 / p(y_i | theta)``), so the log
+  importance ratios must be passed negated.
+
+The rest of :mod:`pyro_dropout.diagnostics` only sees plain ``xarray.Dataset`` groups, numpy
+arrays, the normalised :class:`LooResult` and pandas tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+with warnings.catch_warnings():
+    # ArviZ 0.23 announces its 1.0 refactor with a FutureWarning at import time.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
+    import arviz as az
+
+ARVIZ_VERSION: str = az.__version__
+#: True on the DataTree line (ArviZ >= 1.0).
+IS_ARVIZ_1: bool = int(ARVIZ_VERSION.split(".")[0]) >= 1
+
+_PARETO_WARNING = "Estimated shape parameter of Pareto distribution"
+
+
+@contextlib.contextmanager
+def _pandas_inplace_ok():
+    """Silence one deprecation that only ArviZ 0.23's own code triggers.
+
+    arviz 0.23's ``compare`` and ``plot_compare`` call ``DataFrame.sort_values(inplace=True)``,
+    deprecated by pandas >= 3.1 (``Pandas4Warning``, a DeprecationWarning); the caller cannot act
+    on it and 0.23 will not be fixed.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="The inplace keyword", category=DeprecationWarning
+        )
+        yield
+
+
+@contextlib.contextmanager
+def _arviz023_internal_deprecations():
+    """Also silence matplotlib >= 3.11's deprecation of a dict ``alias_mapping`` in
+    ``normalize_kwargs``, which ArviZ 0.23's matplotlib backend passes (plot_khat,
+    plot_compare); internal to ArviZ 0.23, nothing the caller can change."""
+    with _pandas_inplace_ok(), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Passing a dict or None as alias_mapping", category=DeprecationWarning
+        )
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# The ArviZ object: build, inspect, save, load
+# --------------------------------------------------------------------------------------------
+def build(groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]) -> Any:
+    """Assemble named ``xarray.Dataset`` groups into the installed line's ArviZ object.
+
+    Returns an ``az.InferenceData`` on 0.23 and an ``xarray.DataTree`` on 1.x; ``attrs`` become
+    the root attributes on both (they must be netCDF-serialisable).
+    """
+    attrs = dict(attrs)
+    if IS_ARVIZ_1:
+        tree = xr.DataTree.from_dict(dict(groups))
+        tree.attrs.update(attrs)
+        return tree
+    return az.InferenceData(attrs=attrs, **groups)
+
+
+def is_arviz_object(obj: Any) -> bool:
+    """Whether ``obj`` is the installed line's container (``InferenceData`` / ``DataTree``)."""
+    if IS_ARVIZ_1:
+        return isinstance(obj, xr.DataTree)
+    return isinstance(obj, az.InferenceData)
+
+
+def group_names(obj: Any) -> list[str]:
+    """Names of the groups of an ArviZ object."""
+    if IS_ARVIZ_1:
+        return list(obj.children)
+    return list(obj.groups())
+
+
+def has_group(obj: Any, name: str) -> bool:
+    """Whether the ArviZ object has a group called ``name``."""
+    return name in group_names(obj)
+
+
+def get_group(obj: Any, name: str) -> xr.Dataset:
+    """Group ``name`` of an ArviZ object as a plain ``xarray.Dataset``."""
+    if not has_group(obj, name):
+        raise KeyError(f"the ArviZ object has no group {name!r}; groups: {group_names(obj)}")
+    if IS_ARVIZ_1:
+        return obj[name].to_dataset()
+    return obj[name]
+
+
+def root_attrs(obj: Any) -> dict[str, Any]:
+    """Root (global) attributes of an ArviZ object."""
+    if IS_ARVIZ_1:
+        return dict(obj.attrs)
+    return dict(obj.attrs or {})
+
+
+def to_netcdf(obj: Any, path: Any) -> Any:
+    """Write an ArviZ object to a netCDF4/HDF5 file with the ``h5netcdf`` engine."""
+    if IS_ARVIZ_1:
+        obj.to_netcdf(path, engine="h5netcdf")
+    else:
+        obj.to_netcdf(str(path), engine="h5netcdf")
+    return path
+
+
+def from_netcdf(path: Any) -> Any:
+    """Read an ArviZ object written by :func:`to_netcdf`, fully loaded and with the file closed."""
+    if IS_ARVIZ_1:
+        return xr.load_datatree(path, engine="h5netcdf")
+    with az.rc_context({"data.load": "eager"}):
+        return az.from_netcdf(str(path), engine="h5netcdf")
+
+
+# --------------------------------------------------------------------------------------------
+# LOO, compare, summary, PSIS
+# --------------------------------------------------------------------------------------------
+@dataclass
+class LooResult:
+    """PSIS-LOO of one fit, with the same field names on both ArviZ lines.
+
+    ``raw`` is ArviZ's own result object (``ELPDData`` / ``ELPDDataLOO``).
+    """
+
+    elpd: float
+    se: float
+    p: float
+    pareto_k: np.ndarray
+    good_k: float
+    warning: bool
+    n_samples: int
+    n_data_points: int
+    raw: Any
+
+
+def loo(obj: Any, var_name: str | None = None) -> LooResult:
+    """``az.loo(obj, pointwise=True, reff=1)`` on either line, normalised to :class:`LooResult`.
+
+    ``reff = 1`` because the draws are independent guide draws (one chain). ArviZ's
+    "Pareto k greater than ..." warning is not re-emitted: it is recorded in ``warning`` and in
+    the per-point ``pareto_k``, which :func:`pyro_dropout.diagnostics.compare` tabulates.
+    """
+    kwargs = _v1_constant_point_weights(obj, var_name) if IS_ARVIZ_1 else {}
+    with warnings.catch_warnings():
+        # Recorded in LooResult.warning / pareto_k instead (see docstring).
+        warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
+        res = az.loo(obj, pointwise=True, var_name=var_name, reff=1.0, **kwargs)
+    if IS_ARVIZ_1:
+        elpd, p = float(res.elpd), float(res.p)
+    else:
+        elpd, p = float(res["elpd_loo"]), float(res["p_loo"])
+    k = np.asarray(res.pareto_k.values if hasattr(res.pareto_k, "values") else res.pareto_k)
+    return LooResult(
+        elpd=elpd,
+        se=float(res.se),
+        p=p,
+        pareto_k=k.astype(float).ravel(),
+        good_k=float(res.good_k),
+        warning=bool(res.warning),
+        n_samples=int(res.n_samples),
+        n_data_points=int(res.n_data_points),
+        raw=res,
+    )
+
+
+def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]:
+    """PSIS weights for ``az.loo`` on 1.x when some pointwise log-likelihood is constant.
+
+    When an observation's log-likelihood is the same for every draw (always so for a point-mass
+    guide), PSIS has nothing to fit: arviz-stats 1.x raises "All tail values are the same",
+    whereas 0.23 returns k-hat = inf. To give the same answer on both lines, such points get
+    uniform weights (any weighting gives the same elpd_i) and k-hat = inf, and ArviZ's own
+    ``psislw`` smooths the others; both are handed to ``az.loo`` (``log_weights``,
+    ``pareto_k``). Returns ``{}`` when every point varies (the ordinary path).
+    """
+    ll = get_group(obj, "log_likelihood")
+    if var_name is None:
+        var_name = next(iter(ll.data_vars))
+    ll = ll[var_name]
+    sample_dims = ["chain", "draw"]
+    spread = (ll.max(sample_dims) - ll.min(sample_dims)).values
+    if np.all(spread > 0):
+        return {}
+    obs_dims = [d for d in ll.dims if d not in sample_dims]
+    if len(obs_dims) != 1:
+        raise ValueError(f"expected one observation dimension in log_likelihood; got {obs_dims}")
+    axis = ll.dims.index(obs_dims[0])
+    n_draws = ll.sizes["chain"] * ll.sizes["draw"]
+    lw = np.full(ll.shape, -np.log(n_draws))
+    khat = np.full(spread.shape, np.inf)
+    idx = np.flatnonzero(spread > 0)
+    if idx.size:
+        lw_sub, k_sub = ll.isel({obs_dims[0]: idx}).azstats.psislw(r_eff=1.0, dim=sample_dims)
+        lw[(slice(None),) * axis + (idx,)] = lw_sub.transpose(*ll.dims).values
+        khat[idx] = k_sub.values
+    return {
+        "log_weights": ll.copy(data=lw),
+        "pareto_k": ll.isel(chain=0, draw=0, drop=True).copy(data=khat),
+    }
+
+
+#: Columns of :func:`compare_loo`'s table, in order.
+COMPARE_COLUMNS = ["rank", "elpd_loo", "se", "p_loo", "elpd_diff", "dse", "weight"]
+
+
+def compare_loo(loos: Mapping[str, LooResult], method: str = "stacking") -> pd.DataFrame:
+    """``az.compare`` on precomputed LOO results, with the same columns on both lines.
+
+    Returns a DataFrame indexed by fit name, sorted best first, with columns
+    :data:`COMPARE_COLUMNS` (``elpd_loo``: PSIS-LOO elpd; ``p_loo``: effective number of
+    parameters; ``elpd_diff``/``dse``: difference to the best fit and its standard error;
+    ``weight``: model weights by ``method``), unrounded. ``elpd_diff`` follows ArviZ 1.x:
+    this fit's elpd minus the best fit's (<= 0); 0.23's positive differences are negated.
+    """
+    raw = {name: r.raw for name, r in loos.items()}
+    if len(raw) == 1:
+        ((name, r),) = loos.items()
+        return pd.DataFrame(
+            [[0, r.elpd, r.se, r.p, 0.0, 0.0, 1.0]], index=[name], columns=COMPARE_COLUMNS
+        )
+    if IS_ARVIZ_1:
+        df = az.compare(raw, method=method, round_to="none")
+        df = df.rename(columns={"elpd": "elpd_loo", "p": "p_loo"})
+    else:
+        with _pandas_inplace_ok():
+            df = az.compare(raw, method=method)
+        df["elpd_diff"] = 0.0 - df["elpd_diff"]  # 1.x convention: this fit minus the best (<= 0)
+    df = df[COMPARE_COLUMNS].copy()
+    df["rank"] = df["rank"].astype(int)
+    for col in COMPARE_COLUMNS[1:]:
+        df[col] = df[col].astype(float)
+    return df
+
+
+def summary(obj: Any, var_names: list[str] | None = None) -> pd.DataFrame:
+    """``az.summary`` of the posterior group, unrounded.
+
+    With a single chain of guide draws R-hat is undefined and ArviZ reports NaN on both lines;
+    that NaN means "not assessable", not "converged".
+
+    Example:
+        >>> summary(idata, ["w"])[["mean", "sd", "ess_bulk"]]  # doctest: +SKIP
+    """
+    return az.summary(obj, var_names=var_names, round_to="none")
+
+
+def psis_khat(log_ratios: np.ndarray) -> float:
+    """Pareto k-hat of PSIS applied to the importance log-ratios ``log_ratios`` (shape ``(S,)``).
+
+    0.23: ``az.psislw(log_ratios)`` smooths ``exp(log_ratios)``; 1.x:
+    ``array_stats.psislw(ary)`` smooths ``exp(-ary)``, so it gets ``-log_ratios``. Checked on a
+    known case (q = N(0, 1), p = N(0, 2^2): theory k = 1 - 1/4 = 0.75) in the tests.
+    """
+    log_ratios = np.asarray(log_ratios, dtype=float).ravel()
+    if IS_ARVIZ_1:
+        from arviz_stats.base import array_stats
+
+        _, khat = array_stats.psislw(-log_ratios)
+    else:
+        _, khat = az.psislw(log_ratios)
+    return float(np.asarray(khat))
+
+
+# --------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------
+def plot_compare(table: pd.DataFrame, ax: Any = None) -> Any:
+    """ArviZ's model-comparison plot for a table with ``elpd_loo, se, p_loo, elpd_diff, dse``.
+
+    0.23: ``az.plot_compare`` drawn into ``ax`` (a new one if None). 1.x:
+    ``arviz_plots.plot_compare`` with the matplotlib backend (it creates its own figure, so
+    ``ax`` is ignored). Returns the matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if IS_ARVIZ_1:
+        df = table.rename(columns={"elpd_loo": "elpd", "p_loo": "p"})
+        pc = az.plot_compare(df, backend="matplotlib")
+        return pc.get_viz("figure")
+    df = table.copy()
+    df["scale"] = "log"
+    df["warning"] = False
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 1.0 + 0.6 * len(df)))
+    df["elpd_diff"] = -df["elpd_diff"]  # 0.23 convention: best minus this fit (>= 0)
+    with _arviz023_internal_deprecations():
+        az.plot_compare(df, ax=ax, show=False)
+    return ax.figure
+
+
+def plot_khat(loo_result: LooResult, ax: Any) -> None:
+    """Pointwise PSIS-LOO k-hat of one fit drawn into ``ax``.
+
+    0.23: ``az.plot_khat``. 1.x: ``arviz_plots.plot_khat`` builds its own figure per fit, which
+    cannot share a multi-panel figure simply, so a plain matplotlib scatter with the same
+    thresholds is drawn instead.
+    """
+    if not IS_ARVIZ_1:
+        with _arviz023_internal_deprecations():
+            az.plot_khat(loo_result.raw, ax=ax, show_hlines=True, show=False)
+        ax.axhline(loo_result.good_k, color="C3", ls=":", lw=1)
+        return
+    k = loo_result.pareto_k
+    ax.scatter(np.arange(k.size), k, s=12, marker="+", color="C0")
+    for level, style in ((0.0, "-"), (loo_result.good_k, ":"), (1.0, "--")):
+        ax.axhline(level, color="C3" if level else "0.6", ls=style, lw=1)
+    ax.set_xlabel("data point")
+    ax.set_ylabel("Pareto k-hat")

@@ -1,0 +1,281 @@
+"""Export a fitted (model, guide) pair to ArviZ: ``InferenceData`` on 0.23, ``DataTree`` on 1.x.
+
+Layout of the object returned by :func:`to_inference_data` (``obs`` stands for ``obs_name``;
+``S`` guide draws in one chain; ``N`` training rows, ``M`` test rows):
+
+=============================  =============================================================
+group                          variables (dims after ``chain, draw``)
+=============================  =============================================================
+``posterior``                  recorded sites; dims ``<site>_dim_0`` (1-D), ``<site>_out,
+                               <site>_in`` (2-D, PyTorch ``(out, in)`` weight layout),
+                               ``<site>_dim_k`` otherwise (override with ``dims``)
+``posterior_predictive``       ``obs`` ``(obs_id, obs_dim_0...)``; ``obs_mean`` per-draw
+                               E[y | theta, x] (regression) or ``obs_probs``
+                               ``(obs_id, obs_class)`` (classification)
+``log_likelihood``             ``obs`` ``(obs_id)``: log p(y_i | theta_s)
+``sample_stats``               ``lp`` = log p(theta_s, D), ``lq`` = log q(theta_s)
+``observed_data``              ``obs`` (no chain/draw)
+``constant_data``              ``x`` ``(obs_id, x_dim_0...)``
+``predictions``                as ``posterior_predictive``, on ``x_test`` (``M`` rows)
+``predictions_constant_data``  ``x`` = ``x_test``
+``predictions_observed_data``  ``obs`` = ``y_test``
+``predictions_log_likelihood`` ``obs``: log p(y_test_j | theta_s), for held-out scores
+=============================  =============================================================
+
+The last two groups are this package's extension of the ArviZ schema (held-out targets and
+their pointwise log-likelihood), so that held-out scores can be computed from the object alone.
+Root attributes (also copied onto ``posterior``) record ``guide_family``, ``guide_config``
+(JSON string), ``guide_class``, ``obs_name``, ``task``, ``num_samples`` and library versions.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyro
+import xarray as xr
+
+from . import _arviz_compat as compat
+from .sampling import Draws, PredictiveDraws, draw_posterior
+
+__all__ = ["from_netcdf", "guide_info", "to_inference_data", "to_netcdf"]
+
+
+def guide_info(guide: Any) -> tuple[str, dict]:
+    """``(family, config)`` of a guide, with fallbacks for guides of other libraries.
+
+    ``family`` is ``guide.family`` if present, else the class name (a plain function's
+    ``__name__``); ``config`` is ``guide.config`` if present, else ``{}``.
+
+    Example:
+        >>> from pyro.infer.autoguide import AutoNormal
+        >>> guide_info(AutoNormal(lambda: None))
+        ('AutoNormal', {})
+    """
+    family = getattr(guide, "family", None)
+    if not isinstance(family, str) or not family:
+        family = type(guide).__name__
+        if family == "function":
+            family = getattr(guide, "__name__", family)
+    config = getattr(guide, "config", None)
+    return family, dict(config) if isinstance(config, Mapping) else {}
+
+
+def _default_dims(name: str, ndim: int) -> list[str]:
+    if ndim == 1:
+        return [f"{name}_dim_0"]
+    if ndim == 2:
+        return [f"{name}_out", f"{name}_in"]
+    return [f"{name}_dim_{k}" for k in range(ndim)]
+
+
+def _site_dims(name: str, shape: tuple[int, ...], dims: Mapping[str, Sequence[str]]) -> list[str]:
+    if name in dims:
+        d = list(dims[name])
+        if len(d) != len(shape):
+            raise ValueError(
+                f"dims[{name!r}] = {d} has {len(d)} names for a value of shape {shape}"
+            )
+        return d
+    return _default_dims(name, len(shape))
+
+
+def _dataset(
+    arrays: Mapping[str, tuple[list[str], np.ndarray]],
+    coords: Mapping[str, Any],
+    num_draws: int | None,
+    attrs: Mapping[str, Any] | None = None,
+) -> xr.Dataset:
+    """Dataset with integer coords for every dim (``coords`` overrides), chain/draw first."""
+    data_vars, all_coords = {}, {}
+    for var, (dims, values) in arrays.items():
+        values = np.asarray(values)
+        if num_draws is not None:
+            dims = ["chain", "draw", *dims]
+            values = values[None]
+        data_vars[var] = (dims, values)
+        for dim, size in zip(dims, values.shape, strict=True):
+            if dim not in all_coords:
+                c = np.asarray(coords[dim]) if dim in coords else np.arange(size)
+                if len(c) != size:
+                    raise ValueError(f"coords[{dim!r}] has length {len(c)}; dimension has {size}")
+                all_coords[dim] = c
+    return xr.Dataset(data_vars, coords=all_coords, attrs=dict(attrs or {}))
+
+
+def _tensor_to_numpy(a: Any) -> np.ndarray:
+    if hasattr(a, "detach"):
+        return a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def _predictive_vars(
+    pd_: PredictiveDraws, obs_name: str, obs_dims: list[str]
+) -> dict[str, tuple[list[str], np.ndarray]]:
+    row = f"{obs_name}_id"
+    out = {obs_name: ([row, *obs_dims], pd_.y_rep)}
+    if pd_.mean is not None:
+        out[f"{obs_name}_mean"] = ([row, *obs_dims], pd_.mean)
+    if pd_.probs is not None:
+        out[f"{obs_name}_probs"] = ([row, f"{obs_name}_class"], pd_.probs)
+    return out
+
+
+def _x_vars(x: np.ndarray, obs_name: str) -> dict[str, tuple[list[str], np.ndarray]]:
+    return {"x": ([f"{obs_name}_id", *[f"x_dim_{k}" for k in range(x.ndim - 1)]], x)}
+
+
+def build_groups(
+    draws: Draws,
+    x: Any,
+    y: Any,
+    x_test: Any = None,
+    y_test: Any = None,
+    obs_name: str = "obs",
+    dims: Mapping[str, Sequence[str]] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> dict[str, xr.Dataset]:
+    """The ``xarray.Dataset`` of every group (see the module docstring) from :class:`Draws`."""
+    dims, coords, attrs = dict(dims or {}), dict(coords or {}), dict(attrs or {})
+    s = draws.log_joint.shape[0]
+    x_np, y_np = _tensor_to_numpy(x), _tensor_to_numpy(y)
+    obs_dims = [f"{obs_name}_dim_{k}" for k in range(y_np.ndim - 1)]
+    row = f"{obs_name}_id"
+
+    post = {v: (_site_dims(v, a.shape[1:], dims), a) for v, a in draws.latents.items()}
+    groups = {
+        "posterior": _dataset(post, coords, s, attrs),
+        "posterior_predictive": _dataset(_predictive_vars(draws.train, obs_name, obs_dims), {}, s),
+        "log_likelihood": _dataset({obs_name: ([row], draws.train.log_lik)}, {}, s),
+        "sample_stats": _dataset({"lp": ([], draws.log_joint), "lq": ([], draws.log_q)}, {}, s),
+        "observed_data": _dataset({obs_name: ([row, *obs_dims], y_np)}, {}, None),
+        "constant_data": _dataset(_x_vars(x_np, obs_name), {}, None),
+    }
+    groups["sample_stats"]["lp"].attrs["description"] = "log p(theta_s, D): model log joint"
+    groups["sample_stats"]["lq"].attrs["description"] = "log q(theta_s): guide log density"
+    if draws.test is not None:
+        xt = _tensor_to_numpy(x_test)
+        groups["predictions"] = _dataset(_predictive_vars(draws.test, obs_name, obs_dims), {}, s)
+        groups["predictions_constant_data"] = _dataset(_x_vars(xt, obs_name), {}, None)
+        if draws.test.log_lik is not None:
+            yt = _tensor_to_numpy(y_test)
+            groups["predictions_observed_data"] = _dataset(
+                {obs_name: ([row, *obs_dims], yt)}, {}, None
+            )
+            groups["predictions_log_likelihood"] = _dataset(
+                {obs_name: ([row], draws.test.log_lik)}, {}, s
+            )
+    return groups
+
+
+def to_inference_data(
+    model: Any,
+    guide: Any,
+    x: Any,
+    y: Any,
+    num_samples: int = 500,
+    x_test: Any = None,
+    y_test: Any = None,
+    var_names: Sequence[str] | None = None,
+    *,
+    obs_name: str = "obs",
+    parallel: bool = False,
+    dims: Mapping[str, Sequence[str]] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+) -> Any:
+    """Draw ``num_samples`` weight draws from ``guide`` and export them to ArviZ.
+
+    Each draw :math:`\\theta_s \\sim q` is one run of ``guide(x, y)``; ``model`` is replayed
+    on it (:func:`pyro.poutine.replay` under :func:`pyro.poutine.trace`) on the training data
+    and, if given, on ``x_test`` (and ``y_test``). The result is the installed ArviZ line's
+    container (``InferenceData`` on 0.23.x, ``xarray.DataTree`` on 1.x) with one chain and the
+    groups listed in :mod:`pyro_dropout.diagnostics.export`; it passes ``az.loo``,
+    ``az.compare`` and ``az.summary`` and round-trips through :func:`to_netcdf` /
+    :func:`from_netcdf`.
+
+    ``sample_stats.lp`` (log p(theta, D) on the full training data) and ``sample_stats.lq``
+    (log q(theta), the guide trace's ``log_prob_sum``) feed the Pareto k-hat diagnostic of
+    Yao et al. (2018), see :func:`pyro_dropout.diagnostics.vi_diagnostic`.
+
+    Args:
+        model: Pyro model ``model(x, y=None)`` observing ``y`` at ``obs_name`` inside a data
+            plate (no ``subsample_size`` here: every row needs its log-likelihood).
+        guide: any Pyro guide callable as ``guide(x, y)``.
+        x, y: training inputs and targets (torch tensors or numpy arrays; rows = observations).
+        num_samples: number of guide draws ``S`` (>= 1; PSIS wants a few hundred).
+        x_test, y_test: optional held-out inputs and targets (``y_test`` may be omitted).
+        var_names: model sites for the ``posterior`` group (default: all latent sites;
+            ``pyro.deterministic`` sites may be named too).
+        obs_name: name of the observed site.
+        parallel: vectorise the draws in a ``pyro.plate`` (needs a broadcasting model/guide).
+        dims: ``{site: [dim names]}`` overriding the default posterior dims.
+        coords: ``{dim: values}`` coordinates for posterior dims (default ``0..n-1``).
+        seed: if given, ``pyro.set_rng_seed(seed)`` first.
+
+    Raises:
+        ValueError: ``num_samples < 1``, row-count mismatch between ``x`` and ``y`` (or the test
+            pair), unknown ``var_names``, missing observed site, wrong ``dims``.
+
+    Example:
+        >>> idata = to_inference_data(model, guide, x, y, num_samples=200,
+        ...                           x_test=x_te, y_test=y_te)  # doctest: +SKIP
+        >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
+    """
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = draw_posterior(
+        model,
+        guide,
+        x,
+        y,
+        num_samples,
+        x_test=x_test,
+        y_test=y_test,
+        var_names=var_names,
+        obs_name=obs_name,
+        parallel=parallel,
+    )
+    family, config = guide_info(guide)
+    from .. import __version__ as pkg_version
+
+    attrs = {
+        "guide_family": family,
+        "guide_config": json.dumps(config, sort_keys=True, default=str),
+        "guide_class": f"{type(guide).__module__}.{type(guide).__qualname__}",
+        "model_name": getattr(model, "__name__", type(model).__name__),
+        "obs_name": obs_name,
+        "task": draws.task,
+        "num_samples": int(num_samples),
+        "parallel": int(bool(parallel)),
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
+        "inference_library": "pyro",
+        "inference_library_version": pyro.__version__,
+        "pyro_dropout_version": pkg_version,
+        "arviz_version": compat.ARVIZ_VERSION,
+    }
+    groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
+    return compat.build(groups, attrs)
+
+
+def to_netcdf(data: Any, path: Any) -> Any:
+    """Save an object from :func:`to_inference_data` to netCDF (h5netcdf engine); returns ``path``.
+
+    Example:
+        >>> to_netcdf(idata, "fit.nc")  # doctest: +SKIP
+    """
+    return compat.to_netcdf(data, path)
+
+
+def from_netcdf(path: Any) -> Any:
+    """Load a file written by :func:`to_netcdf` into memory (the file is closed afterwards).
+
+    Example:
+        >>> idata = from_netcdf("fit.nc")  # doctest: +SKIP
+    """
+    return compat.from_netcdf(path)
