@@ -125,6 +125,10 @@ def _predictive_vars(
     return out
 
 
+def _as_rows(y: np.ndarray, event: tuple[int, ...]) -> np.ndarray:
+    return y.reshape((y.shape[0], *event)) if y.size == y.shape[0] * int(np.prod(event)) else y
+
+
 def _x_vars(x: np.ndarray, obs_name: str) -> dict[str, tuple[list[str], np.ndarray]]:
     return {"x": ([f"{obs_name}_id", *[f"x_dim_{k}" for k in range(x.ndim - 1)]], x)}
 
@@ -143,8 +147,12 @@ def build_groups(
     """The ``xarray.Dataset`` of every group (see the module docstring) from :class:`Draws`."""
     dims, coords, attrs = dict(dims or {}), dict(coords or {}), dict(attrs or {})
     s = draws.log_joint.shape[0]
-    x_np, y_np = _tensor_to_numpy(x), _tensor_to_numpy(y)
-    obs_dims = [f"{obs_name}_dim_{k}" for k in range(y_np.ndim - 1)]
+    x_np = _tensor_to_numpy(x)
+    # The observation's event shape comes from the model's draws, not from y: a (N,) target
+    # observed by a one-output Normal(...).to_event(1) is stored as (N, 1) like its draws.
+    event = draws.train.y_rep.shape[2:]
+    y_np = _as_rows(_tensor_to_numpy(y), event)
+    obs_dims = [f"{obs_name}_dim_{k}" for k in range(len(event))]
     row = f"{obs_name}_id"
 
     post = {v: (_site_dims(v, a.shape[1:], dims), a) for v, a in draws.latents.items()}
@@ -163,7 +171,7 @@ def build_groups(
         groups["predictions"] = _dataset(_predictive_vars(draws.test, obs_name, obs_dims), {}, s)
         groups["predictions_constant_data"] = _dataset(_x_vars(xt, obs_name), {}, None)
         if draws.test.log_lik is not None:
-            yt = _tensor_to_numpy(y_test)
+            yt = _as_rows(_tensor_to_numpy(y_test), event)
             groups["predictions_observed_data"] = _dataset(
                 {obs_name: ([row, *obs_dims], yt)}, {}, None
             )
