@@ -33,6 +33,10 @@ class AutoDropout(AutoWeightGuide):
 
     ``init_loc_fn`` gives initial posterior *means* :math:`E[W] = (1-p)M`.
 
+    The analytic KL is registered against Normal priors (Gal's approximation). With any other
+    prior (e.g. :class:`~pyro_dropout.ImproperLogUniform`) ``TraceMeanField_ELBO`` falls back to a
+    Monte-Carlo KL from the exact mixture ``log_prob``: correct but noisier.
+
     Example::
 
         model = BayesianMLP(8, 1, hidden=(50,), tau=10.0, prior=1 / 0.01)

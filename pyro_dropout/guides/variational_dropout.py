@@ -112,7 +112,7 @@ class AutoVariationalDropout(AutoWeightGuide):
             batch = init_mean.shape[: init_mean.dim() - len(event)]
             shape = batch + ((1,) + event[1:] if self.alpha == "unit" else (1,) * len(event))
             log_alpha = torch.full(shape, self.init_log_alpha, dtype=init_mean.dtype)
-            self._set("log_alpha", name, PyroParam(log_alpha, constraints.real, n))
+            self._set("log_alphas", name, PyroParam(log_alpha, constraints.real, n))
 
     def log_alpha(self, name):
         """Clipped log α of weight site ``name``, broadcast to the weight's shape."""
@@ -120,7 +120,7 @@ class AutoVariationalDropout(AutoWeightGuide):
         if self.alpha == "weight":
             log_alpha = self._get("log_sigma2", name) - torch.log(theta**2 + 1e-8)
         else:
-            log_alpha = self._get("log_alpha", name).expand(theta.shape)
+            log_alpha = self._get("log_alphas", name).expand(theta.shape)
         return log_alpha.clamp(*LOG_ALPHA_CLIP)
 
     def _real_site_dist(self, name, site):

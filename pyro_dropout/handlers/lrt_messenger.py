@@ -66,23 +66,37 @@ class LocalReparameterizationMessenger(Messenger):
 
     Use through :func:`local_reparameterization` as a context manager or decorator. Sites whose
     family has no registered rule raise an error naming the fix; layers whose weights were set
-    by conditioning (no fresh draw seen) use their weights as usual.
+    by conditioning with no fresh draw seen in this context use their weights as usual.
+
+    Caveat: inside one context, the *latest* fresh draw at a site defines its distribution. A
+    model later run with conditioned weights (``poutine.condition``,
+    ``Predictive(posterior_samples=...)``) in the same context still samples from that
+    distribution, not from the given weights; run such code outside the context. (Sequential
+    ``Predictive(guide=...)`` conditions the model on guide draws and relies on exactly this.)
     """
 
     def __init__(self):
         super().__init__()
         self._dists = {}
+        self._fresh = set()
 
     def __enter__(self):
         self._dists = {}
+        self._fresh = set()
         return super().__enter__()
 
     def _pyro_sample(self, msg):
         # A value already set here was replayed (the model half of SVI/Predictive) or
         # observed; only fresh draws say which distribution the weights come from.
-        if msg["is_observed"] or msg["value"] is not None:
-            return
-        self._dists[msg["name"]] = msg["fn"]
+        if not msg["is_observed"] and msg["value"] is None:
+            self._fresh.add(id(msg))
+
+    def _pyro_post_sample(self, msg):
+        # Record after every handler has run, so plates entered outside this one have
+        # broadcast the distribution too.
+        if id(msg) in self._fresh:
+            self._fresh.discard(id(msg))
+            self._dists[msg["name"]] = msg["fn"]
 
     def _pyro_bayesian_layer(self, msg):
         weight_fn = self._dists.get(msg["name"])

@@ -60,6 +60,8 @@ def _input_keep_prob(fn, spec):
                 "dropout_rate must not vary across kernel positions"
             )
         keep = keep[(...,) + (0,) * spec.ndim]
+        if spec.groups > 1:  # the kernel sees in_channels / groups channels per group
+            keep = keep.repeat((1,) * (keep.dim() - 1) + (spec.groups,))
         keep = keep[(...,) + (None,) * spec.ndim]
     return keep
 

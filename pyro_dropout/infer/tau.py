@@ -20,7 +20,10 @@ def gal_tau(length_scale, dropout_rate, num_data, weight_decay):
 
 def gal_weight_decay(length_scale, dropout_rate, num_data, tau):
     r"""Weight decay :math:`λ = \frac{(1-p)\,l^2}{2 N τ}` matching a prior length-scale and τ
-    (the inverse of :func:`gal_tau`; the UCI protocol's formula)."""
+    (the inverse of :func:`gal_tau`; the UCI protocol's formula).
+
+    This is the decay of the *weights*, whose columns are dropped with probability p. Biases
+    are never dropped, so their matching decay is :math:`l^2 / (2Nτ) = λ / (1-p)`."""
     _check(length_scale, dropout_rate, num_data)
     if not tau > 0:
         raise ValueError(f"tau must be positive, got {tau}")
