@@ -5,9 +5,9 @@ module adds the two that torch and Pyro lack.
 """
 
 import torch
-from pyro.distributions.util import sum_rightmost
 from torch.distributions import Independent, Normal, register_kl
 
+from .._broadcast import unexpand
 from .bernoulli_masked_normal import BernoulliMaskedNormal
 from .improper_log_uniform import ImproperLogUniform
 
@@ -62,18 +62,39 @@ def kl_bernoulli_masked_normal_normal(q, p):
     base, ndims = _strip_independent(p)
     if not isinstance(base, Normal) or ndims + len(base.event_shape) != q.event_dim:
         raise NotImplementedError
-    loc0, scale0 = base.loc, base.scale
-    var_ratio = (q.scale / scale0) ** 2
-    log_ratio = torch.log(scale0) - torch.log(q.scale)
-    kl_on = log_ratio + 0.5 * (var_ratio + ((q.loc - loc0) / scale0) ** 2 - 1)
-    kl_off = log_ratio + 0.5 * (var_ratio + (loc0 / scale0) ** 2 - 1)
+    # Work on the un-broadcast tensors: a scalar slab scale or prior then costs one pass over
+    # the weights (the ||m - μ0||² term), not one per operation.
+    loc0, scale0 = unexpand(base.loc), unexpand(base.scale)
+    scale, rate = unexpand(q.scale), unexpand(q.dropout_rate)
+    full = torch.broadcast_shapes(q.loc.shape, base.batch_shape + base.event_shape)
     out_dim = -q.event_dim
-    kl_on = kl_on.sum(out_dim, keepdim=True)
-    kl_off = kl_off.sum(out_dim, keepdim=True)
-    rate = q.dropout_rate
+    const = torch.log(scale0) - torch.log(scale) + 0.5 * ((scale / scale0) ** 2 - 1)
+    const = _sum_as_expanded(const, full, [out_dim])
+    kl_on = const + _sum_as_expanded(0.5 * ((q.loc - loc0) / scale0) ** 2, full, [out_dim])
+    kl_off = const + _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, [out_dim])
     bernoulli_entropy = -(torch.xlogy(rate, rate) + torch.xlogy(1 - rate, 1 - rate))
     per_column = (1 - rate) * kl_on + rate * kl_off - bernoulli_entropy
-    return sum_rightmost(per_column, q.event_dim)
+    column_shape = full[: len(full) - q.event_dim] + (1,) + full[len(full) - q.event_dim + 1 :]
+    event_dims = list(range(-q.event_dim + 1, 0))
+    kl = _sum_as_expanded(per_column, column_shape, event_dims)
+    batch_shape = full[: len(full) - q.event_dim]
+    return _squeeze_event(kl, q.event_dim, batch_shape)
+
+
+def _sum_as_expanded(t, shape, dims):
+    """Sum ``t`` over ``dims`` (negative, keepdim) as if it were first expanded to ``shape``."""
+    t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape))
+    for d in dims:
+        if t.shape[d] == 1:
+            t = t * shape[d]  # a broadcast dimension: n equal terms
+        else:
+            t = t.sum(d, keepdim=True)
+    return t
+
+
+def _squeeze_event(kl, event_dim, batch_shape):
+    kl = kl.reshape(kl.shape[: kl.dim() - event_dim])
+    return kl.expand(batch_shape)
 
 
 @register_kl(BernoulliMaskedNormal, Independent)

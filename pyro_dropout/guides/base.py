@@ -73,12 +73,15 @@ class AutoWeightGuide(AutoGuide):
         self._event_dims = {}
         self._real = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            for frame in site["cond_indep_stack"]:
-                if frame.full_size is not None and frame.full_size != frame.size:
-                    raise NotImplementedError(
-                        f"{type(self).__name__}: latent site {name!r} lies in the subsampled "
-                        f"plate {frame.name!r}; local latent variables are not supported"
-                    )
+            frames = [f.name for f in site["cond_indep_stack"] if f.vectorized]
+            if frames:
+                raise NotImplementedError(
+                    f"{type(self).__name__}: latent site {name!r} lies inside plate(s) "
+                    f"{frames}; local latent variables are not supported (these guides handle "
+                    f"global latents such as weights). If {name!r} "
+                    "is the likelihood site, the guide was first called without the "
+                    "observations: call it (or fit) with (x, y)."
+                )
             self._event_dims[name] = site["fn"].event_dim
             init_mean = site["value"].detach()
             support = site["fn"].support
@@ -155,8 +158,8 @@ class AutoWeightGuide(AutoGuide):
         if self.prototype_trace is None:
             if not args and not kwargs:
                 raise RuntimeError(
-                    f"{type(self).__name__} has not seen the model yet: call it once with the "
-                    "model's arguments (or fit it) first"
+                    f"{type(self).__name__} has not seen the model yet: fit it, pass the "
+                    "training data (x, y), or call the guide once with them first"
                 )
             self._setup_prototype(*args, **kwargs)
         return list(self.prototype_trace.iter_stochastic_nodes())

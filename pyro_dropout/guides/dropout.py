@@ -59,7 +59,7 @@ class AutoDropout(AutoWeightGuide):
         if isinstance(dropout_rate, Mapping):
             for key, p in dropout_rate.items():
                 _check_rate(p, f"dropout_rate[{key!r}]")
-            dropout_rate = dict(dropout_rate)
+            dropout_rate = {key: float(p) for key, p in dropout_rate.items()}
         else:
             _check_rate(dropout_rate, "dropout_rate")
             dropout_rate = float(dropout_rate)
@@ -126,5 +126,9 @@ class AutoDropout(AutoWeightGuide):
 
 
 def _check_rate(p, what):
-    if not isinstance(p, int | float) or not 0 <= p < 1:
+    try:  # numbers incl. numpy scalars and 0-d tensors; not strings or bools
+        ok = not isinstance(p, str | bool) and 0 <= float(p) < 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
         raise ValueError(f"{what} must be a drop probability in [0, 1), got {p!r}")

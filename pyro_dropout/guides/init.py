@@ -33,12 +33,13 @@ def init_to_fan_in(site):
     return torch.zeros(value_shape, dtype=dtype)
 
 
-def init_to_module(module, fallback=init_to_fan_in):
+def init_to_module(module, fallback=None):
     """Initialise posterior means from a trained deterministic ``torch.nn.Module``.
 
     A site is matched to the parameter whose name equals the site name or is its suffix after a
     dot (so site ``"net.0.weight"`` of ``BayesianModel(bayesianize(m))`` takes ``m``'s
-    ``"0.weight"``). Sites without a match use ``fallback``.
+    ``"0.weight"``). A site without a match raises ``ValueError`` (a half-initialised network
+    is rarely intended) unless a ``fallback`` init function is given, e.g. ``init_to_fan_in``.
 
     Example::
 
@@ -62,6 +63,12 @@ def init_to_module(module, fallback=init_to_fan_in):
                     f"but site {name!r} has shape {tuple(shape)}"
                 )
             return value.to(torch.get_default_dtype())
+        if fallback is None:
+            raise ValueError(
+                f"init_to_module: no parameter of the module matches site {name!r} (module "
+                f"parameters: {sorted(params)}); name the layers alike, e.g. build the model "
+                "with bayesianize(module), or pass fallback=init_to_fan_in"
+            )
         return fallback(site)
 
     return init

@@ -6,10 +6,11 @@ import math
 
 import pyro
 import torch
-from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.infer import SVI
 from tqdm.auto import tqdm
 
 from ..handlers import local_reparameterization as _lrt
+from .elbo import MeanFieldELBO
 
 __all__ = ["fit"]
 
@@ -40,7 +41,8 @@ def fit(
     seed=None,
 ):
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
-    ``TraceMeanField_ELBO`` (analytic KLs where registered).
+    :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
+    analytic KLs where registered, without computing the log densities those make unused).
 
     :param num_steps: number of gradient steps, or
     :param num_epochs: number of passes over the data (``ceil(N / batch_size)`` steps each).
@@ -52,11 +54,14 @@ def fit(
         (:func:`~pyro_dropout.local_reparameterization`).
     :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
+
+    ``model.max_plate_nesting`` is passed to the ELBO when the model has it (the library's
+    models do); for a wrapped model (e.g. ``poutine.block(model)``) Pyro guesses it.
     :returns: the list of per-step losses (the ELBO loss, i.e. the negative ELBO estimate per
         minibatch, on the full-data scale).
 
     This is a convenience: ``SVI(model, guide, optim, TraceMeanField_ELBO()).step(x, y)`` under
-    ``local_reparameterization()`` does the same.
+    ``local_reparameterization()`` computes the same loss.
 
     Example::
 
@@ -86,7 +91,7 @@ def fit(
     if seed is not None:
         pyro.set_rng_seed(seed)
     optim = optim if optim is not None else pyro.optim.Adam({"lr": lr})
-    elbo = TraceMeanField_ELBO(
+    elbo = MeanFieldELBO(
         num_particles=num_particles,
         vectorize_particles=vectorize_particles,
         max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),

@@ -49,7 +49,15 @@ def bayesianize(module, prior=None, bias_prior=None, deterministic=(), keep_drop
     pooling, flatten) are kept; ``nn.Dropout`` layers are replaced by ``nn.Identity`` unless
     ``keep_dropout`` (the dropout guide supplies dropout as inference). Modules with parameters
     of any other type raise a ``TypeError`` naming them, unless their types are listed in
-    ``deterministic`` (their parameters then become Pyro params: point estimates).
+    ``deterministic`` (their parameters then become Pyro params: point estimates). Subclasses of
+    the convertible layers count as "another type" (their ``forward`` may differ).
+
+    Limitation: kept modules are used as they are, so they see the extra leading sample
+    dimension of vectorised prediction (``predict``, ``Predictive(parallel=True)``,
+    ``vectorize_particles``) only if they broadcast over it; ``nn.MaxPool2d`` and
+    ``nn.Flatten(start_dim=1)`` do not. Such networks fit with sequential particles; for
+    vectorised CNN prediction use :class:`BayesianConvNet` or write the forward with
+    broadcasting ops.
 
     Example::
 
@@ -61,19 +69,20 @@ def bayesianize(module, prior=None, bias_prior=None, deterministic=(), keep_drop
         {
             f"{name or '<root>'} ({type(m).__name__})"
             for name, m in module.named_modules()
-            if not isinstance(m, _CONVERTIBLE)
+            if type(m) not in _CONVERTIBLE  # subclasses may change forward: not converted
             and not isinstance(m, deterministic)
             and any(True for _ in m.parameters(recurse=False))
         }
     )
     if bad:
         raise TypeError(
-            "bayesianize can convert nn.Linear, nn.Conv1d and nn.Conv2d; these layers have "
+            "bayesianize can convert nn.Linear, nn.Conv1d and nn.Conv2d (exact types); these "
+            "layers have "
             f"parameters of another type: {', '.join(bad)}. Pass their types in "
             "deterministic=(...) to keep them as point estimates."
         )
     module = copy.deepcopy(module)
-    if isinstance(module, _CONVERTIBLE):
+    if type(module) in _CONVERTIBLE:
         return _convert_layer(module, prior, bias_prior)
     _replace(module, prior, bias_prior, keep_dropout)
     to_pyro_module_(module)

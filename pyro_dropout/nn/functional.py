@@ -20,18 +20,9 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
+from .._broadcast import unexpand
+
 __all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "unexpand"]
-
-
-def unexpand(t):
-    """View ``t`` with every broadcast (stride-0) dimension shrunk back to size 1."""
-    if t.dim() == 0 or all(s != 0 or n == 1 for s, n in zip(t.stride(), t.shape, strict=True)):
-        return t
-    index = tuple(
-        slice(0, 1) if (s == 0 and n > 1) else slice(None)
-        for s, n in zip(t.stride(), t.shape, strict=True)
-    )
-    return t[index]
 
 
 def _split_batch(x_batch, w_batch):
@@ -62,10 +53,9 @@ class LinearSpec:
         if all(n == 1 for n in w_lead):
             # One weight matrix for every row: a plain GEMM.
             w2 = weight.reshape(event)
-            b2 = None if bias is None else bias.reshape(bias.shape[-1:])
             if bias is not None and bias.shape[:-1].numel() != 1:
-                out = F.linear(x, w2)
-                return out + bias
+                return F.linear(x, w2) + bias  # a batch of biases: broadcast after the GEMM
+            b2 = None if bias is None else bias.reshape(bias.shape[-1:])
             return F.linear(x, w2, b2)
         x_lead, row_shape = x_batch[: len(x_batch) - rows], x_batch[len(x_batch) - rows :]
         x2 = x.reshape(x_lead + (math.prod(row_shape), x.shape[-1]))

