@@ -1,0 +1,17 @@
+"""The speed benchmark is a script; this only checks that its --quick mode runs and reports."""
+
+import json
+
+from pyro_dropout.benchmarks import speed
+
+
+def test_quick_mode_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "speed.json", tmp_path / "speed.md"
+    report = speed.main(["--quick", "--rounds", "1", "--json", str(out), "--markdown", str(md)])
+    saved = json.loads(out.read_text())
+    assert set(saved["results"]) == {"W1", "W2"}
+    for w in ("W1", "W2"):
+        ratios = report["results"][w]["ratios"]
+        assert set(ratios) == {"AutoDropout", "AutoMeanField", "AutoVariationalDropout", "predict"}
+        assert all(r > 0 for r in ratios.values())
+    assert "AutoDropout + LRT, training step" in md.read_text()
