@@ -12,6 +12,7 @@ from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
+from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
 from .init import init_to_fan_in
@@ -68,20 +69,36 @@ class AutoWeightGuide(AutoGuide):
         return {}
 
     # -- shared machinery -------------------------------------------------------------------
+    @staticmethod
+    def _prototype_hide_fn(msg):
+        # Unlike Pyro's default, keep observed sites in the prototype (they are never guided)
+        # so that a first call without observations can be told apart from a prior-only model.
+        return msg["type"] != "sample" or site_is_subsample(msg)
+
     def _setup_prototype(self, *args, **kwargs):
         super()._setup_prototype(*args, **kwargs)
         self._event_dims = {}
         self._real = {}
+        observed = any(
+            s["is_observed"] for s in self.prototype_trace.nodes.values() if s["type"] == "sample"
+        )
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            frames = [f.name for f in site["cond_indep_stack"] if f.vectorized]
-            if frames:
-                raise NotImplementedError(
-                    f"{type(self).__name__}: latent site {name!r} lies inside plate(s) "
-                    f"{frames}; local latent variables are not supported (these guides handle "
-                    f"global latents such as weights). If {name!r} "
-                    "is the likelihood site, the guide was first called without the "
-                    "observations: call it (or fit) with (x, y)."
-                )
+            for frame in site["cond_indep_stack"]:
+                if not frame.vectorized:
+                    continue
+                if not observed:
+                    raise NotImplementedError(
+                        f"{type(self).__name__}: latent site {name!r} lies inside plate "
+                        f"{frame.name!r} and the model observed nothing: if {name!r} is the "
+                        "likelihood site, the guide was first called without the observations; "
+                        "call it (or fit) with (x, y)."
+                    )
+                if frame.full_size is not None and frame.full_size != frame.size:
+                    raise NotImplementedError(
+                        f"{type(self).__name__}: latent site {name!r} lies in the subsampled "
+                        f"plate {frame.name!r}; local latent variables are not supported (these "
+                        "guides handle global latents such as weights)"
+                    )
             self._event_dims[name] = site["fn"].event_dim
             init_mean = site["value"].detach()
             support = site["fn"].support

@@ -26,8 +26,10 @@ class AutoDropout(AutoWeightGuide):
     :math:`\mathcal N(0, l^{-2})` the KL is the weight decay :math:`\tfrac{(1-p)l^2}{2}\|M\|^2`
     (see :func:`~pyro_dropout.infer.gal_tau`).
 
-    :param dropout_rate: drop probability ``p`` (``torch.nn.Dropout`` convention), one float for
-        every weight site or a mapping ``{site_name: p}`` naming every weight site.
+    :param dropout_rate: drop probability ``p`` (``torch.nn.Dropout`` convention): one float for
+        every weight site, a mapping ``{site_name: p}`` naming every weight site, or a tensor
+        broadcastable to every weight site's mask shape (e.g. ``(G, 1, 1, 1)`` for weights in a
+        plate of G hyper-parameter configurations at dim -2).
     :param float scale: the slab standard deviation σ (fixed unless ``learn_scale``).
     :param bool learn_scale: learn a per-weight σ (softplus-parameterised) instead.
 
@@ -56,7 +58,13 @@ class AutoDropout(AutoWeightGuide):
         init_loc_fn=init_to_fan_in,
         create_plates=None,
     ):
-        if isinstance(dropout_rate, Mapping):
+        if torch.is_tensor(dropout_rate) and dropout_rate.numel() > 1:
+            # A tensor of rates broadcast to each weight site's mask shape
+            # (batch_shape + (1,) + event_shape[1:]), e.g. one rate per member of a plate.
+            if not ((dropout_rate >= 0) & (dropout_rate < 1)).all():
+                raise ValueError("dropout_rate must hold drop probabilities in [0, 1)")
+            dropout_rate = dropout_rate.detach().clone()
+        elif isinstance(dropout_rate, Mapping):
             for key, p in dropout_rate.items():
                 _check_rate(p, f"dropout_rate[{key!r}]")
             dropout_rate = {key: float(p) for key, p in dropout_rate.items()}
@@ -65,15 +73,16 @@ class AutoDropout(AutoWeightGuide):
             dropout_rate = float(dropout_rate)
         if not scale > 0:
             raise ValueError(f"scale must be positive, got {scale}")
-        self.dropout_rate = dropout_rate
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        self.dropout_rate = dropout_rate  # after Module.__init__: it may be a tensor
         self.scale = float(scale)
         self.learn_scale = bool(learn_scale)
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
 
     @property
     def config(self):
+        rate = self.dropout_rate
         return {
-            "dropout_rate": self.dropout_rate,
+            "dropout_rate": rate.tolist() if torch.is_tensor(rate) else rate,
             "scale": self.scale,
             "learn_scale": self.learn_scale,
         }
@@ -102,7 +111,7 @@ class AutoDropout(AutoWeightGuide):
                 else self.dropout_rate
             )
             self._rates[name] = rate
-            keep = 1.0 - (rate or 0.0)
+            keep = 1.0 - (0.0 if rate is None else rate)
             # init_loc_fn gives E[W] = (1 - p) M.
             self._set("locs", name, PyroParam(init_mean / keep, constraints.real, n))
         else:
@@ -120,7 +129,7 @@ class AutoDropout(AutoWeightGuide):
         loc = self._get("locs", name)
         scale = self._scale(name, loc)
         if name in self._rates:
-            rate = torch.tensor(self._rates[name], dtype=loc.dtype, device=loc.device)
+            rate = torch.as_tensor(self._rates[name], dtype=loc.dtype, device=loc.device)
             return BernoulliMaskedNormal(loc, scale, rate, event_dim=self._event_dims[name])
         return dist.Normal(loc, scale.expand(loc.shape)).to_event(self._event_dims[name])
 
