@@ -1,6 +1,8 @@
 """Broadcast helpers shared by the distributions, layers and handlers."""
 
-__all__ = ["unexpand"]
+import torch
+
+__all__ = ["broadcast_shape", "unexpand"]
 
 
 def unexpand(t):
@@ -12,3 +14,23 @@ def unexpand(t):
         for s, n in zip(t.stride(), t.shape, strict=True)
     )
     return t[index]
+
+
+def broadcast_shape(*shapes):
+    """``torch.broadcast_shapes`` for the hot path.
+
+    torch's version goes through its reference implementation (about 30 µs a call here); this
+    pure-Python one is a few µs. Raises ``RuntimeError`` on shapes that do not broadcast, like
+    torch.
+    """
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for shape in shapes:
+        offset = ndim - len(shape)
+        for i, n in enumerate(shape):
+            j = offset + i
+            if n != 1:
+                if out[j] != 1 and out[j] != n:
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[j] = n
+    return torch.Size(out)

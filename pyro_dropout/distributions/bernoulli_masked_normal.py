@@ -6,6 +6,8 @@ import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 
+from .._broadcast import broadcast_shape
+
 __all__ = ["BernoulliMaskedNormal"]
 
 
@@ -69,7 +71,7 @@ class BernoulliMaskedNormal(TorchDistribution):
                 f"indexes output units), got {event_dim!r}"
             )
         try:
-            shape = torch.broadcast_shapes(loc.shape, scale.shape)
+            shape = broadcast_shape(loc.shape, scale.shape)
         except RuntimeError:
             raise ValueError(
                 f"BernoulliMaskedNormal: scale of shape {tuple(scale.shape)} does not broadcast "
@@ -84,7 +86,7 @@ class BernoulliMaskedNormal(TorchDistribution):
         event_shape = shape[len(shape) - event_dim :]
         mask_shape = batch_shape + (1,) + event_shape[1:]
         try:
-            mask_shape = torch.broadcast_shapes(mask_shape, dropout_rate.shape)
+            mask_shape = broadcast_shape(mask_shape, dropout_rate.shape)
         except RuntimeError:
             mask_shape = None
         if mask_shape is None or mask_shape != batch_shape + (1,) + event_shape[1:]:

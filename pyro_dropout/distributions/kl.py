@@ -7,7 +7,7 @@ module adds the two that torch and Pyro lack.
 import torch
 from torch.distributions import Independent, Normal, register_kl
 
-from .._broadcast import unexpand
+from .._broadcast import broadcast_shape, unexpand
 from .bernoulli_masked_normal import BernoulliMaskedNormal
 from .improper_log_uniform import ImproperLogUniform
 
@@ -66,7 +66,7 @@ def kl_bernoulli_masked_normal_normal(q, p):
     # the weights (the ||m - μ0||² term), not one per operation.
     loc0, scale0 = unexpand(base.loc), unexpand(base.scale)
     scale, rate = unexpand(q.scale), unexpand(q.dropout_rate)
-    full = torch.broadcast_shapes(q.loc.shape, base.batch_shape + base.event_shape)
+    full = broadcast_shape(q.loc.shape, base.batch_shape + base.event_shape)
     out_dim = -q.event_dim
     const = torch.log(scale0) - torch.log(scale) + 0.5 * ((scale / scale0) ** 2 - 1)
     const = _sum_as_expanded(const, full, [out_dim])
@@ -166,7 +166,7 @@ def kl_normal_log_uniform(q, p=None, approximation=None):
     log_alpha = log_alpha.clamp(*LOG_ALPHA_RANGE)
     kl = -fn(log_alpha)
     if p is not None:
-        kl = kl.expand(torch.broadcast_shapes(kl.shape, p.batch_shape))
+        kl = kl.expand(broadcast_shape(kl.shape, p.batch_shape))
     return kl
 
 

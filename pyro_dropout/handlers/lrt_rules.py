@@ -14,6 +14,7 @@ a different input element), only correlations across positions differ.
 import torch
 from torch.distributions import Normal
 
+from .._broadcast import broadcast_shape
 from ..distributions import BernoulliMaskedNormal
 from ..nn.functional import ConvSpec, unexpand
 from .registry import register_local_reparameterization
@@ -26,9 +27,7 @@ VARIANCE_FLOOR = 1e-12
 
 def sample_gaussian_preactivation(mean, var):
     """``mean + sqrt(max(var, floor)) · ε`` with ε ~ N(0, 1) of the output's shape."""
-    eps = torch.randn(
-        torch.broadcast_shapes(mean.shape, var.shape), dtype=mean.dtype, device=mean.device
-    )
+    eps = torch.randn(broadcast_shape(mean.shape, var.shape), dtype=mean.dtype, device=mean.device)
     return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
 
 
@@ -69,7 +68,7 @@ def _input_keep_prob(fn, spec):
 @register_local_reparameterization(BernoulliMaskedNormal)
 def _lrt_bernoulli_masked_normal(fn, x, spec):
     keep = _input_keep_prob(fn, spec)
-    shape = torch.broadcast_shapes(x.shape, keep.shape)
+    shape = broadcast_shape(x.shape, keep.shape)
     mask = torch.rand(shape, dtype=x.dtype, device=x.device) < keep
     mean = spec(x * mask, fn.loc)
     return sample_gaussian_preactivation(mean, _noise_variance(x, fn.scale, spec))

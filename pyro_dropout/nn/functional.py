@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-from .._broadcast import unexpand
+from .._broadcast import broadcast_shape, unexpand
 
 __all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "unexpand"]
 
@@ -99,7 +99,7 @@ class ConvSpec:
         w_lead = w_batch[: max(len(w_batch) - rows, 0)]
         x_lead, row_shape = x_batch[: len(x_batch) - rows], x_batch[len(x_batch) - rows :]
         num_rows = math.prod(row_shape)
-        lead = torch.broadcast_shapes(x_lead, w_lead)
+        lead = broadcast_shape(x_lead, w_lead)
         g = math.prod(lead)
         out_channels = kernel_event[0]
         if g == 1:
