@@ -215,9 +215,11 @@ def to_inference_data(
         model: Pyro model ``model(x, y=None)`` observing ``y`` at ``obs_name`` inside a data
             plate (no ``subsample_size`` here: every row needs its log-likelihood).
         guide: any Pyro guide callable as ``guide(x, y)``.
-        x, y: training inputs and targets (torch tensors or numpy arrays; rows = observations).
+        x: training inputs (torch tensor or numpy array; rows = observations).
+        y: training targets, one row per row of ``x``.
         num_samples: number of guide draws ``S`` (>= 1; PSIS wants a few hundred).
-        x_test, y_test: optional held-out inputs and targets (``y_test`` may be omitted).
+        x_test: optional held-out inputs.
+        y_test: optional held-out targets (may be omitted: predictions only).
         var_names: model sites for the ``posterior`` group (default: all latent sites;
             ``pyro.deterministic`` sites may be named too).
         obs_name: name of the observed site.

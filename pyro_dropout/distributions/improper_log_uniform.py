@@ -16,7 +16,8 @@ class ImproperLogUniform(TorchDistribution):
     NeurIPS 2015) and whose KL drives sparsification (Molchanov, Ashukha & Vetrov, *Variational
     dropout sparsifies deep neural networks*, ICML 2017).
 
-    :meth:`log_prob` is the **unnormalised** :math:`-\log|w|`; the distribution cannot be
+    :meth:`log_prob` is the **unnormalised** :math:`-\log|w|` (finite at 0: |w| is floored at
+    the dtype's smallest normal number); the distribution cannot be
     sampled. Use it as a prior with a Gaussian guide: ``KL(Normal(θ, σ) ‖ ImproperLogUniform)``
     is registered (see :func:`pyro_dropout.distributions.kl.kl_normal_log_uniform`) and depends
     only on :math:`\alpha = \sigma^2 / \theta^2`. Because the prior is improper, that term is a
@@ -47,7 +48,9 @@ class ImproperLogUniform(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         value = torch.as_tensor(value)
-        return (-torch.log(value.abs())).expand(
+        # |w| is floored at the dtype's tiny so an exact 0 gives a large finite value, not +inf.
+        tiny = torch.finfo(value.dtype).tiny if value.is_floating_point() else 1e-38
+        return (-torch.log(value.abs().clamp_min(tiny))).expand(
             torch.broadcast_shapes(value.shape, self.batch_shape)
         )
 

@@ -20,9 +20,12 @@ LOG_ALPHA_CLIP = (-8.0, 8.0)
 class SparsityReport:
     """Result of :meth:`AutoVariationalDropout.sparsity`.
 
-    :ivar float fraction: fraction of all weights with log α above the threshold.
-    :ivar dict per_site: that fraction per weight site.
-    :ivar dict masks: boolean keep-masks (True = keep) per weight site.
+    :ivar fraction: fraction of all weights with log α above the threshold.
+    :vartype fraction: float
+    :ivar per_site: that fraction per weight site.
+    :vartype per_site: dict
+    :ivar masks: boolean keep-masks (True = keep) per weight site.
+    :vartype masks: dict
     """
 
     fraction: float
@@ -40,7 +43,8 @@ class AutoVariationalDropout(AutoWeightGuide):
     * ``alpha="layer"``: one α per weight site (Kingma et al. 2015's "variational dropout A").
 
     :math:`\log α` is clipped to :data:`LOG_ALPHA_CLIP` = (-8, 8) when forming σ, so the KL
-    and the noise agree. Biases and other 1-D sites get a mean-field Normal.
+    and the noise agree; the clip passes gradients through (straight-through) so no weight gets
+    stuck at a bound. Biases and other 1-D sites get a mean-field Normal.
 
     Priors: with a Normal prior the KL is torch's exact ``KL(Normal ‖ Normal)``; with
     :class:`~pyro_dropout.ImproperLogUniform` it is the registered approximation (Molchanov by
@@ -121,7 +125,9 @@ class AutoVariationalDropout(AutoWeightGuide):
             log_alpha = self._get("log_sigma2", name) - torch.log(theta**2 + 1e-8)
         else:
             log_alpha = self._get("log_alphas", name).expand(theta.shape)
-        return log_alpha.clamp(*LOG_ALPHA_CLIP)
+        # Clip the value but let the gradient through: a hard clamp has zero gradient below
+        # -8, so weights that start (or wander) there could never be pruned.
+        return log_alpha + (log_alpha.clamp(*LOG_ALPHA_CLIP) - log_alpha).detach()
 
     def _real_site_dist(self, name, site):
         loc = self._get("locs", name)

@@ -7,7 +7,7 @@ import math
 import pyro
 import torch
 from pyro.infer import SVI
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from ..handlers import local_reparameterization as _lrt
 from .elbo import MeanFieldELBO

@@ -19,8 +19,9 @@ _CHUNK_BUDGET = 2**22
 class Prediction:
     """Monte-Carlo predictions of a Bayesian network.
 
-    :ivar torch.Tensor samples: network outputs, shape ``(T, N, out)`` (regression: predicted
+    :ivar samples: network outputs, shape ``(T, N, out)`` (regression: predicted
         means ŷ_t; classification: logits).
+    :vartype samples: torch.Tensor
     :ivar likelihood: the model's likelihood module (or None for a plain Pyro model).
     """
 

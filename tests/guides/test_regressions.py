@@ -83,6 +83,8 @@ def test_dropout_rate_tensor_gives_each_plate_member_its_rate():
     fn = guide.get_distributions()["layer.weight"]
     assert fn.dropout_rate.shape == (2, 1, 1, 3)
     torch.testing.assert_close(fn.dropout_rate[:, 0, 0, 0], torch.tensor([0.1, 0.4]))
-    assert torch.tensor(guide.config["dropout_rate"]).flatten().tolist() == pytest.approx([0.1, 0.4])
+    assert torch.tensor(guide.config["dropout_rate"]).flatten().tolist() == pytest.approx(
+        [0.1, 0.4]
+    )
     with pytest.raises(ValueError, match="dropout_rate"):
         AutoDropout(Batched(), dropout_rate=torch.tensor([0.1, 1.0]))

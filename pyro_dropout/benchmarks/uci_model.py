@@ -1,0 +1,445 @@
+r"""Batched Bayesian MLPs for the UCI benchmark: many hyper-parameter configurations (and
+splits) trained together as one Pyro model, and streamed Monte-Carlo evaluation.
+
+A run trains ``M`` independent *members* at once: member ``m`` is one (split, configuration)
+pair. All weights live inside ``pyro.plate("members", M, dim=-2)``, so every weight site has
+batch shape ``(M, 1)``; the guides give each member its own variational parameters, and the
+Bayesian layers broadcast a member's weights over its own minibatch (inputs of shape
+``(M, B, D)``). The members' objectives are independent sums, so one Adam step on the summed
+loss is one Adam step of every member (Adam is element-wise, so a member's trajectory does not
+depend on the others, nor on a constant factor in its own objective).
+
+See :mod:`pyro_dropout.benchmarks.uci` for the protocol and the derivation of the dropout
+guide's likelihood precision and prior.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.infer import SVI
+from pyro.infer.autoguide.initialization import init_to_feasible
+from pyro.nn import PyroModule, PyroParam, PyroSample
+from torch.distributions import constraints
+
+from .. import (
+    AutoDropout,
+    AutoMeanField,
+    AutoVariationalDropout,
+    BayesianLinear,
+    ImproperLogUniform,
+    local_reparameterization,
+)
+from ..infer import MeanFieldELBO
+
+__all__ = [
+    "GUIDES",
+    "LENGTH_SCALE",
+    "BatchedRegressionMLP",
+    "GuideSpec",
+    "build",
+    "dropout_training_precision",
+    "evaluate",
+    "init_to_glorot",
+    "train",
+]
+
+#: Prior length-scale l of the UCI protocol.
+LENGTH_SCALE = 1e-2
+#: Slab scale σ of :class:`~pyro_dropout.AutoDropout` (Gal's Keras net is the σ → 0 limit).
+DROPOUT_SLAB_SCALE = 1e-4
+#: Prior scale of the biases under the dropout guide: effectively flat (Keras' Dense layers in
+#: the reference net regularise the weights only).
+DROPOUT_BIAS_PRIOR_SCALE = 1e6
+#: Prior scale of the biases under the VD guide (standardised data); its weights get the
+#: log-uniform prior, biases are not sparsified (Molchanov et al. 2017 keep them deterministic).
+VD_BIAS_PRIOR_SCALE = 1.0
+#: Initial noise SD (standardised scale) of members that learn their noise precision.
+INIT_NOISE_SD = 0.1
+#: Prior scales (standardised data) searched for the mean-field guide.
+MEANFIELD_PRIOR_SCALES = (0.3, 1.0, 3.0)
+#: Elements (c·M·N·width) per vectorised Monte-Carlo chunk.
+_CHUNK_BUDGET = 2**23
+
+
+def dropout_training_precision(tau, dropout_rate):
+    r"""Likelihood precision τ' on the standardised targets that makes our ELBO, with prior
+    ``Normal(0, 1/l)`` on the weights, equal to the reference Keras objective up to a constant
+    factor: :math:`τ' = 2τ/(1-p)^2` (derivation in :mod:`pyro_dropout.benchmarks.uci`)."""
+    return 2.0 * tau / (1.0 - dropout_rate) ** 2
+
+
+def init_to_glorot(site):
+    """Keras' default initialisation of the reference net: Glorot-uniform weights
+    ``U(±sqrt(6 / (fan_in + fan_out)))`` (sites with ≥ 2 event dims, first = outputs), zero
+    biases, Pyro's ``init_to_feasible`` for constrained sites.
+
+    These are the posterior *means*: for :class:`~pyro_dropout.AutoDropout` the guide stores
+    ``M = E[W] / (1 - p)``, which is exactly the Keras kernel of an inverted-dropout layer.
+    """
+    if site.get("is_observed"):
+        return None
+    fn = site["fn"]
+    shape = fn.batch_shape + fn.event_shape
+    support = fn.support
+    while hasattr(support, "base_constraint"):
+        support = support.base_constraint
+    if type(support).__name__ != "_Real":
+        return init_to_feasible(site)
+    dtype = torch.get_default_dtype()
+    if len(fn.event_shape) >= 2:
+        fan_out, fan_in = fn.event_shape[0], math.prod(fn.event_shape[1:])
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        return (torch.rand(shape, dtype=dtype) * 2 - 1) * bound
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _member_normal(scale, shape):
+    """``Normal(0, scale_m)`` over a parameter of ``shape``, batched as ``(M, 1)``."""
+    scale = scale.reshape((-1, 1) + (1,) * len(shape))
+    m = scale.shape[0]
+    return dist.Normal(torch.zeros_like(scale), scale).expand((m, 1) + shape).to_event(len(shape))
+
+
+class BatchedRegressionMLP(PyroModule):
+    r"""``D – H (ReLU) – 1`` Bayesian MLP replicated over ``M`` members (plate at dim -2).
+
+    ``forward(x, y=None, num_data=None)`` takes ``x`` of shape ``(M, B, D)`` and ``y`` of shape
+    ``(M, B)`` (member ``m`` sees its own rows), observes
+    ``y ~ Normal(f, noise_sd_m)`` inside ``pyro.plate("data", num_data, dim=-1)`` (scaled by
+    ``num_data / B`` for minibatches) and returns ``f`` of shape ``(..., M, B)``.
+
+    :param noise_sd: ``(M,)`` fixed noise SDs on the standardised scale; NaN marks a member
+        whose noise SD is learned (a point estimate maximising its ELBO).
+    :param weight_prior, bias_prior: per-layer prior as for :class:`BayesianLinear`, or a
+        ``(M,)`` tensor of Normal prior scales (one per member).
+    """
+
+    max_plate_nesting = 2
+
+    def __init__(self, d_in, n_hidden, noise_sd, weight_prior, bias_prior):
+        super().__init__()
+        noise_sd = torch.as_tensor(noise_sd, dtype=torch.get_default_dtype()).reshape(-1, 1)
+        self.members = noise_sd.shape[0]
+        widths = ((d_in, n_hidden), (n_hidden, 1))
+        layers = []
+        for a, b in widths:
+            layer = BayesianLinear(
+                a,
+                b,
+                prior=None if torch.is_tensor(weight_prior) else weight_prior,
+                bias_prior=None if torch.is_tensor(bias_prior) else bias_prior,
+            )
+            if torch.is_tensor(weight_prior):
+                layer.weight = PyroSample(_member_normal(weight_prior, torch.Size((b, a))))
+            if torch.is_tensor(bias_prior):
+                layer.bias = PyroSample(_member_normal(bias_prior, torch.Size((b,))))
+            layers.append(layer)
+        self.layers = PyroModule[torch.nn.ModuleList](layers)
+        learned = torch.isnan(noise_sd)
+        self.register_buffer("learned", learned, persistent=False)
+        self.register_buffer("fixed_sd", torch.where(learned, 1.0, noise_sd), persistent=False)
+        if bool(learned.any()):
+            self.learned_sd = PyroParam(
+                torch.full_like(noise_sd, INIT_NOISE_SD), constraint=constraints.positive
+            )
+        else:
+            self.learned_sd = None
+
+    def noise_sd(self):
+        """``(M, 1)`` noise SDs on the standardised scale (fixed or learned)."""
+        if self.learned_sd is None:
+            return self.fixed_sd
+        return torch.where(self.learned, self.learned_sd, self.fixed_sd)
+
+    def forward(self, x, y=None, num_data=None):
+        with pyro.plate("members", self.members, dim=-2):
+            h = torch.relu(self.layers[0](x))
+            f = self.layers[1](h).squeeze(-1)
+            n = f.shape[-1]
+            size = n if num_data is None else int(num_data)
+            subsample = None if size == n else torch.arange(n)
+            with pyro.plate("data", size, subsample=subsample, dim=-1):
+                pyro.sample("obs", dist.Normal(f, self.noise_sd()), obs=y)
+        return f
+
+
+# ------------------------------------------------------------------------------ guides
+@dataclass(frozen=True)
+class GuideSpec:
+    """What the benchmark needs to know about one guide: its grid and how to build it."""
+
+    name: str
+    family: str
+    description: str
+    hyperparameters: tuple[str, ...]
+
+
+GUIDES = {
+    "dropout": GuideSpec(
+        "dropout",
+        "AutoDropout",
+        "MC dropout (Gal & Ghahramani 2016): dropout rate p x model precision tau from the "
+        "dataset's grids, the reference net's objective (weight decay l^2(1-p)/(2 N tau), "
+        "l = 0.01), test LL with the grid tau",
+        ("dropout_rate", "tau"),
+    ),
+    "meanfield": GuideSpec(
+        "meanfield",
+        "AutoMeanField",
+        "Bayes by Backprop (mean-field Gaussian): prior scale s in {0.3, 1, 3} (Normal(0, s^2) "
+        "on all weights and biases, standardised data) x noise precision in {the dataset's tau "
+        "grid, learned (point estimate maximising the ELBO)}",
+        ("prior_scale", "noise"),
+    ),
+    "vd": GuideSpec(
+        "vd",
+        "AutoVariationalDropout",
+        "Sparse variational dropout (one learned alpha per weight, log-uniform prior, Molchanov "
+        "KL; biases Normal(0, 1)): noise precision in {the dataset's tau grid, learned (point "
+        "estimate maximising the ELBO)}",
+        ("noise",),
+    ),
+}
+
+
+def grid(guide, dropout_rates, tau_values, quick=False):
+    """The hyper-parameter configurations searched for ``guide`` (list of dicts).
+
+    ``noise`` is a τ on the original target scale (a float) or ``"learned"``. The order is the
+    reference code's loop order (dropout rate outer, τ inner); ties go to the first.
+    ``quick`` keeps the first and last value of each axis (and drops fixed noise levels
+    but the last for the Gaussian guides).
+    """
+    rates, taus = list(dropout_rates), list(tau_values)
+    priors = list(MEANFIELD_PRIOR_SCALES)
+    if quick:
+        rates = sorted({rates[0], rates[-1]}, key=rates.index)
+        taus = sorted({taus[0], taus[-1]}, key=taus.index)
+        priors = [1.0]
+    if guide == "dropout":
+        return [{"dropout_rate": p, "tau": t} for p in rates for t in taus]
+    noise = ([taus[-1]] if quick else taus) + ["learned"]
+    if guide == "meanfield":
+        return [{"prior_scale": s, "noise": n} for s in priors for n in noise]
+    if guide == "vd":
+        return [{"noise": n} for n in noise]
+    raise ValueError(f"unknown guide {guide!r}; valid names are: {', '.join(GUIDES)}")
+
+
+@dataclass
+class Members:
+    """The members of one batched fit: configuration, split and target SD of each."""
+
+    configs: list[dict]
+    y_std: torch.Tensor  # (M,) float64, target SD of each member's training rows
+    n_train: int
+    info: dict = field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.configs)
+
+
+def build(guide, d_in, n_hidden, members: Members):
+    """Model and guide for ``members`` (each member's configuration from :func:`grid`).
+
+    Returns ``(model, guide, eval_tau)`` where ``eval_tau()`` gives the ``(M,)`` float64
+    precisions on the original target scale used for the test log-likelihood (for learned
+    noise: the learned precision mapped back with the member's target SD).
+    """
+    cfg = members.configs
+    dtype = torch.get_default_dtype()
+    y_var = members.y_std**2
+    if guide == "dropout":
+        rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=torch.float64)
+        tau = torch.tensor([c["tau"] for c in cfg], dtype=torch.float64)
+        noise_sd = dropout_training_precision(tau, rate) ** -0.5
+        model = BatchedRegressionMLP(
+            d_in,
+            n_hidden,
+            noise_sd.to(dtype),
+            weight_prior=1.0 / LENGTH_SCALE,
+            bias_prior=DROPOUT_BIAS_PRIOR_SCALE,
+        )
+        g = AutoDropout(
+            model,
+            dropout_rate=rate.to(dtype).reshape(-1, 1, 1, 1),
+            scale=DROPOUT_SLAB_SCALE,
+            init_loc_fn=init_to_glorot,
+        )
+        return model, g, lambda: tau.clone()
+
+    noise = [c["noise"] for c in cfg]
+    fixed_tau = torch.tensor([math.nan if n == "learned" else float(n) for n in noise]).double()
+    noise_sd = (fixed_tau * y_var) ** -0.5  # NaN stays NaN: learned
+    if guide == "meanfield":
+        prior = torch.tensor([c["prior_scale"] for c in cfg], dtype=dtype)
+        model = BatchedRegressionMLP(d_in, n_hidden, noise_sd.to(dtype), prior, prior)
+        g = AutoMeanField(model, init_loc_fn=init_to_glorot)
+    elif guide == "vd":
+        model = BatchedRegressionMLP(
+            d_in, n_hidden, noise_sd.to(dtype), ImproperLogUniform(), VD_BIAS_PRIOR_SCALE
+        )
+        g = AutoVariationalDropout(model, alpha="weight", init_loc_fn=init_to_glorot)
+    else:
+        raise ValueError(f"unknown guide {guide!r}; valid names are: {', '.join(GUIDES)}")
+
+    def eval_tau():
+        sd = model.noise_sd().detach().double().reshape(-1)
+        return 1.0 / (sd**2 * y_var)
+
+    return model, g, eval_tau
+
+
+# ---------------------------------------------------------------------------- training
+def _expand_members(t, per_split):
+    """``(S, ...)`` -> ``(S * per_split, ...)``, member-major within each split."""
+    if per_split == 1:
+        return t
+    return t.unsqueeze(1).expand((t.shape[0], per_split) + t.shape[1:]).flatten(0, 1)
+
+
+@dataclass
+class FitStats:
+    steps: int
+    wall_s: float
+    final_loss: float
+
+    @property
+    def steps_per_s(self):
+        return self.steps / self.wall_s if self.wall_s > 0 else math.inf
+
+
+def train(
+    model,
+    guide,
+    x,
+    y,
+    per_split,
+    num_epochs,
+    batch_size=128,
+    lr=1e-3,
+    seed=0,
+    max_steps=None,
+):
+    """Fit ``guide`` with ``MeanFieldELBO`` + local reparameterisation + Adam.
+
+    :param x: ``(S, N, D)`` standardised inputs of S splits (equal N), :param y: ``(S, N)``.
+    :param per_split: members per split (members are ordered split-major).
+    Minibatches: one random permutation of the N row positions per epoch, shared by all
+    members (each split permutes its own rows); the last batch of an epoch is smaller, as in
+    Keras. The likelihood is scaled by ``N / B``, the KL counted once per step.
+    :param max_steps: stop early (timing runs).
+    """
+    pyro.clear_param_store()
+    pyro.set_rng_seed(seed)
+    n = x.shape[1]
+    steps_per_epoch = math.ceil(n / batch_size)
+    total = num_epochs * steps_per_epoch if max_steps is None else max_steps
+    elbo = MeanFieldELBO(max_plate_nesting=model.max_plate_nesting)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": lr}), elbo)
+    loss = math.nan
+    order = None
+    start = time.perf_counter()
+    with pyro.validation_enabled(False), local_reparameterization():
+        for step in range(total):
+            k = step % steps_per_epoch
+            if k == 0:
+                order = torch.randperm(n)
+            idx = order[k * batch_size : (k + 1) * batch_size]
+            xb = _expand_members(x[:, idx], per_split)
+            yb = _expand_members(y[:, idx], per_split)
+            loss = svi.step(xb, yb, num_data=n)
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"UCI benchmark: the loss became {loss} at step {step} of {total}"
+                )
+    return FitStats(total, time.perf_counter() - start, float(loss))
+
+
+# -------------------------------------------------------------------------- evaluation
+@dataclass
+class Evaluation:
+    """Per-member test metrics on the original target scale (``(M,)`` float64 tensors)."""
+
+    rmse: torch.Tensor
+    ll: torch.Tensor
+    rmse_mean_weights: torch.Tensor
+    tau: torch.Tensor
+    wall_s: float
+    samples: torch.Tensor | None = None  # (T, M, N) original scale, if requested
+
+
+@torch.no_grad()
+def evaluate(
+    model,
+    guide,
+    x,
+    y,
+    per_split,
+    y_mean,
+    y_std,
+    tau,
+    num_samples,
+    seed=0,
+    keep_samples=False,
+):
+    r"""MC-dropout style test metrics of every member, streamed over chunks of samples.
+
+    ``x``: ``(S, N, D)`` inputs standardised with the members' training statistics; ``y``:
+    ``(S, N)`` targets on the *original* scale; ``y_mean``, ``y_std``, ``tau``: ``(M,)``.
+    Each of the T passes samples fresh pre-activations (local reparameterisation: for the
+    dropout guide a fresh dropout mask per example, exactly MC dropout). Predictions are
+    un-normalised first; then (float64)
+
+    * RMSE of the MC mean ``(1/T) Σ_t ŷ_t``;
+    * LL_i = logsumexp_t(-τ/2 (y_i - ŷ_t)²) - log T - ½ log 2π + ½ log τ, averaged over i
+      (``Prediction.log_likelihood``'s formula; the logsumexp is accumulated chunk by chunk);
+    * ``rmse_mean_weights``: RMSE of the network with the posterior-mean weights (for dropout,
+      standard dropout's weight-averaging test-time net; the reference code's "standard" RMSE).
+    """
+    start = time.perf_counter()
+    pyro.set_rng_seed(seed)
+    xm = _expand_members(x, per_split)
+    ym = _expand_members(y.double(), per_split)
+    m, n = ym.shape
+    mu = y_mean.double().reshape(m, 1)
+    sd = y_std.double().reshape(m, 1)
+    tau = tau.double().reshape(m, 1)
+    width = xm.shape[-1] + sum(layer.out_features for layer in model.layers)
+    chunk = max(1, min(num_samples, _CHUNK_BUDGET // max(1, m * n * width)))
+    total = torch.zeros(m, n, dtype=torch.float64)
+    lse = torch.full((m, n), -math.inf, dtype=torch.float64)
+    kept = []
+    with pyro.validation_enabled(False), local_reparameterization():
+        for s0 in range(0, num_samples, chunk):
+            c = min(chunk, num_samples - s0)
+            with pyro.plate("_mc_samples", c, dim=-3):
+                trace = poutine.trace(guide).get_trace(xm)
+                f = poutine.replay(model, trace=trace)(xm)
+            f = f.reshape(c, m, n).double() * sd + mu
+            total += f.sum(0)
+            lse = torch.logaddexp(lse, torch.logsumexp(-0.5 * tau * (ym - f) ** 2, 0))
+            if keep_samples:
+                kept.append(f)
+    mean = total / num_samples
+    rmse = ((ym - mean) ** 2).mean(-1).sqrt()
+    ll_i = lse - math.log(num_samples) - 0.5 * math.log(2 * math.pi) + 0.5 * tau.log()
+    with pyro.validation_enabled(False):
+        medians = guide.median()
+        f_mean_w = poutine.condition(model, data=medians)(xm).reshape(m, n).double() * sd + mu
+    rmse_mw = ((ym - f_mean_w) ** 2).mean(-1).sqrt()
+    return Evaluation(
+        rmse=rmse,
+        ll=ll_i.mean(-1),
+        rmse_mean_weights=rmse_mw,
+        tau=tau.reshape(-1),
+        wall_s=time.perf_counter() - start,
+        samples=torch.cat(kept, 0) if keep_samples else None,
+    )

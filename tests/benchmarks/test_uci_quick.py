@@ -1,0 +1,258 @@
+"""The UCI benchmark script: --quick smoke run on yacht, resume, errors, and its building blocks
+(the LL accumulated over chunks equals ``Prediction.log_likelihood``; the dropout objective
+equals the reference Keras objective up to a constant factor; the embedded published numbers
+match ``published_results.md``)."""
+
+import functools
+import json
+import math
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+
+from pyro_dropout import Prediction
+from pyro_dropout.benchmarks import uci, uci_model
+from pyro_dropout.benchmarks.uci_published import PUBLISHED, PUBLISHED_COLUMNS
+from pyro_dropout.datasets import load_uci
+from pyro_dropout.infer import MeanFieldELBO
+from pyro_dropout.nn.likelihoods import GaussianLikelihood
+
+UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
+GUIDES = ("dropout", "meanfield", "vd")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small matrices: one thread is faster on the shared 2-core runners (main() does the same)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    if not (UCI_DIR / "yacht" / "data.txt").is_file():
+        pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
+    return UCI_DIR
+
+
+def _finite_numbers(obj):
+    if isinstance(obj, dict):
+        return all(_finite_numbers(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return all(_finite_numbers(v) for v in obj)
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    return True
+
+
+def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_path):
+    out = tmp_path / "uci"
+    argv = ["--data-dir", str(data_dir), "--datasets", "yacht", "--out", str(out), "--quick"]
+    t0 = time.perf_counter()
+    summary = uci.main(argv + ["--quiet"])
+    first = time.perf_counter() - t0
+
+    saved = json.loads((out / "summary.json").read_text())
+    entry = saved["datasets"]["yacht"]
+    assert set(entry["guides"]) == set(GUIDES)
+    for guide in GUIDES:
+        agg = entry["guides"][guide]
+        assert agg["splits"] == [0, 1]
+        for key in ("rmse", "ll", "rmse_mean_weights"):
+            assert math.isfinite(agg[key]["mean"]) and math.isfinite(agg[key]["se"])
+        assert agg["rmse"]["mean"] > 0
+        assert agg["reduced"]  # quick mode is marked as a reduced budget
+        for k in (0, 1):
+            unit = json.loads((out / "units" / "yacht" / guide / f"split_{k}.json").read_text())
+            assert unit["status"] == "done" and unit["split"] == k
+            assert _finite_numbers(unit["test"]) and unit["chosen"] in unit["settings"]["grid"]
+            assert len(unit["validation"]["configs"]) == len(unit["settings"]["grid"])
+            assert all(math.isfinite(c["val_ll"]) for c in unit["validation"]["configs"])
+            assert unit["wall_s"] > 0 and unit["final_fit"]["steps_per_s"] > 0
+    md = (out / "results.md").read_text()
+    assert "| yacht |" in md and "†" in md and "0.6663" in md  # ours next to the anchor
+    for guide in GUIDES:
+        assert f"ours: {guide}" in md
+
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")}
+    t0 = time.perf_counter()
+    again = uci.main(argv + ["--quiet", "--resume"])
+    second = time.perf_counter() - t0
+    assert {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")} == mtimes
+    assert second < max(0.5 * first, 1.0)
+    for guide in GUIDES:
+        a = summary["datasets"]["yacht"]["guides"][guide]
+        b = again["datasets"]["yacht"]["guides"][guide]
+        assert a["rmse"] == b["rmse"] and a["ll"] == b["ll"]
+
+    # Resuming with different settings refuses to mix results.
+    with pytest.raises(RuntimeError, match="different settings"):
+        uci.main(argv + ["--quiet", "--resume", "--epochs", "3"])
+
+
+def test_resume_reuses_a_finished_validation_phase(data_dir, tmp_path):
+    out = tmp_path / "uci"
+    argv = ["--data-dir", str(data_dir), "--datasets", "yacht", "--guides", "vd"]
+    argv += ["--out", str(out), "--quick", "--splits", "0", "--epochs", "2", "--quiet"]
+    uci.main(argv)
+    unit_dir = out / "units" / "yacht" / "vd"
+    val = (unit_dir / "split_0.val.json").read_text()
+    (unit_dir / "split_0.json").unlink()
+    uci.main(argv + ["--resume"])
+    assert (unit_dir / "split_0.val.json").read_text() == val  # not recomputed
+    assert json.loads((unit_dir / "split_0.json").read_text())["status"] == "done"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--datasets", "yachts"], r"unknown dataset 'yachts'; valid names are: .*yacht"),
+        (["--datasets", "yacht", "--guides", "mcdropout"], r"unknown guide 'mcdropout'"),
+        (["--datasets", "yacht", "--splits", "20"], r"yacht has splits 0..19"),
+    ],
+)
+def test_bad_names_are_reported(data_dir, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as err:
+        uci.main(["--data-dir", str(data_dir), "--out", str(tmp_path)] + extra)
+    assert err.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_incomplete_dataset_folder_names_the_missing_file(data_dir, tmp_path, capsys):
+    root = tmp_path / "data"
+    shutil.copytree(data_dir / "yacht", root / "yacht")
+    (root / "yacht" / "tau_values.txt").unlink()
+    with pytest.raises(SystemExit):
+        uci.main(["--data-dir", str(root), "--datasets", "yacht", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert "tau_values.txt" in err and "incomplete" in err
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def _deep_getattr(obj, name):
+    return functools.reduce(getattr, name.split("."), obj)
+
+
+def _tiny_batched_fit(data_dir, guide, splits=(0, 1), steps_epochs=3):
+    ds = load_uci("yacht", data_dir)
+    configs = uci_model.grid(guide, ds.dropout_rates, ds.tau_values, quick=True)
+    x, y, xt, yt, mean, std = uci._stack_split_arrays(ds, list(splits), validation=False)
+    g = len(configs)
+    members = uci_model.Members(
+        [c for _ in splits for c in configs], std.repeat_interleave(g), x.shape[1]
+    )
+    model, guide_, eval_tau = uci_model.build(guide, ds.n_features, ds.n_hidden, members)
+    uci_model.train(model, guide_, x, y, g, steps_epochs, lr=1e-2, seed=0)
+    return model, guide_, eval_tau, (xt, yt, mean.repeat_interleave(g), std.repeat_interleave(g)), g
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_streamed_metrics_match_prediction_log_likelihood(data_dir, guide):
+    model, g, eval_tau, (xt, yt, mean, std), per = _tiny_batched_fit(data_dir, guide)
+    tau = eval_tau()
+    ev = uci_model.evaluate(model, g, xt, yt, per, mean, std, tau, 300, keep_samples=True)
+    samples = ev.samples  # (T, M, N), original scale, float64
+    assert samples.shape[:2] == (300, len(tau))
+    y_members = yt.repeat_interleave(per, 0)
+    for m in range(len(tau)):
+        pred = Prediction(samples[:, m, :, None], GaussianLikelihood(tau=float(tau[m])))
+        ll = pred.log_likelihood(y_members[m]).mean()
+        torch.testing.assert_close(ev.ll[m], ll)
+        rmse = ((pred.mean[:, 0] - y_members[m]) ** 2).mean().sqrt()
+        torch.testing.assert_close(ev.rmse[m], rmse)
+    assert torch.isfinite(ev.rmse_mean_weights).all()
+
+
+def test_members_are_independent(data_dir):
+    """Each member of a batched fit has its own parameters and training signal."""
+    model, g, *_ = _tiny_batched_fit(data_dir, "dropout")
+    w = g.median()["layers.0.weight"]
+    assert w.shape[:2] == (8, 1)  # 2 splits x 4 quick configurations
+    assert not torch.allclose(w[0], w[1])
+    rates = g.get_distributions()["layers.0.weight"].dropout_rate[:, 0, 0, 0]
+    torch.testing.assert_close(rates[:4], torch.tensor([0.005, 0.005, 0.1, 0.1]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dropout_objective_is_the_reference_keras_objective_up_to_a_constant(monkeypatch, seed):
+    """Gradient of our loss = (N τ'/2) x gradient of Keras' MSE + λ‖K‖² with inverted dropout.
+
+    One example (N = B = 1), so the weight-space dropout mask of a guide draw is the per-example
+    mask of Keras; the mask is read off the draw. A large length-scale makes the weight decay
+    as large as the data term, so a wrong τ' (e.g. τ' = τ) fails.
+    """
+    monkeypatch.setattr(uci_model, "LENGTH_SCALE", 2.0)
+    torch.manual_seed(seed)
+    n, d, h, tau, p = 1, 3, 6, 0.3, 0.3
+    x, y = torch.randn(n, d), torch.randn(n)
+    members = uci_model.Members([{"dropout_rate": p, "tau": tau}], torch.ones(1).double(), n)
+    model, guide, _ = uci_model.build("dropout", d, h, members)
+    pyro.clear_param_store()
+    xb, yb = x[None], y[None]
+    names = ("layers.0.weight", "layers.1.weight")
+    with pyro.validation_enabled(False):
+        guide(xb, yb)
+        pyro.set_rng_seed(seed)
+        loss = MeanFieldELBO(max_plate_nesting=2).differentiable_loss(model, guide, xb, yb)
+        pyro.set_rng_seed(seed)  # the ELBO runs the guide first: the same draws
+        draws = pyro.poutine.trace(guide).get_trace(xb, yb)
+    m = [_deep_getattr(guide.locs, name) for name in names]
+    ours = torch.autograd.grad(loss, m)
+
+    # Keras: kernel K = (1 - p) M, inverted dropout (x ⊙ z) / (1 - p), biases unregularised.
+    z = [
+        ((draws.nodes[nm]["value"] - mi).abs().amax(-2) < 1e-2).float()[0, 0]
+        for nm, mi in zip(names, m, strict=True)
+    ]
+    b1, b2 = (_deep_getattr(guide.locs, f"layers.{i}.bias").detach()[0, 0] for i in (0, 1))
+    m1, m2 = (mi.detach()[0, 0].clone().requires_grad_() for mi in m)
+    k1, k2 = (1 - p) * m1, (1 - p) * m2
+    hidden = torch.relu((x * z[0]) / (1 - p) @ k1.T + b1)
+    f = ((hidden * z[1]) / (1 - p) @ k2.T + b2).squeeze(-1)
+    lam = uci_model.LENGTH_SCALE**2 * (1 - p) / (2 * n * tau)
+    keras = ((y - f) ** 2).mean() + lam * ((k1**2).sum() + (k2**2).sum())
+    ref = torch.autograd.grad(keras, (m1, m2))
+    factor = n * uci_model.dropout_training_precision(tau, p) / 2
+    for a, b in zip(ours, ref, strict=True):
+        assert (a[0, 0] - factor * b).norm() < 1e-3 * (factor * b).norm()  # up to the slab noise
+
+
+def test_dropout_kl_weight_decay_coefficient():
+    """The registered KL's ||M||² coefficient is (1-p)/(2 s²): the basis of τ' = 2τ/(1-p)²."""
+    from torch.distributions import kl_divergence
+
+    from pyro_dropout import BernoulliMaskedNormal
+
+    s, p = 1 / uci_model.LENGTH_SCALE, 0.1
+    prior = pyro.distributions.Normal(torch.zeros(4, 3), s).to_event(2)
+    m = torch.randn(4, 3)
+
+    def kl(loc):
+        return kl_divergence(BernoulliMaskedNormal(loc, 1e-4, p, event_dim=2), prior)
+
+    torch.testing.assert_close(kl(m) - kl(torch.zeros_like(m)), (1 - p) / (2 * s**2) * (m**2).sum())
+
+
+def test_embedded_published_numbers_match_the_markdown(data_dir):
+    text = (data_dir / "published_results.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in PUBLISHED:
+            pairs = [tuple(float(v) for v in c.split("±")) for c in cells[1:]]
+            rows.setdefault(cells[0], []).append(pairs)
+    cols = list(PUBLISHED_COLUMNS)
+    for name, (anchor, others) in rows.items():
+        pub = PUBLISHED[name]
+        assert (pub[cols[0]]["rmse"], pub[cols[0]]["ll"]) == (anchor[0], anchor[1])
+        for i, col in enumerate(cols[1:]):
+            assert pub[col]["rmse"] == others[i]
+            assert pub[col]["ll"] == others[i + 4]
+    assert len(rows) == 9
