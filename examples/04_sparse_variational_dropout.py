@@ -209,17 +209,15 @@ axes[2].set_title("kept first-layer weights per input pixel", fontsize="medium")
 axes[2].set_axis_off()
 
 # %% [markdown]
-# ## Weights locked at the lower clip
+# ## Weights at the lower clip
 #
-# Not every kept weight was kept by the data. The guide initialises
-# $\log\sigma^2 = \log\theta^2 - 6$, so a weight whose initial $\theta$ is tiny also starts
-# with a tiny $\sigma^2$. The first optimiser steps move $\theta$ by about the learning rate,
-# far more than its own size, $\log\alpha = \log\sigma^2 - \log\theta^2$ drops below the
-# clip at $-8$, and the clipped value has no gradient: the KL can no longer raise $\alpha$.
-# Such a weight still learns its mean $\theta$ from the data, like a deterministic weight, but
-# it can never be pruned. The count below shows how many kept weights are of this kind (most
-# of the kept first-layer weights in the committed run), so the sparsity above understates what
-# the objective itself would reach.
+# The guide initialises $\log\sigma^2 = \log\theta^2 - 6$, so a weight whose initial
+# $\theta$ is tiny also starts with a tiny $\sigma^2$, and the first optimiser steps can push
+# $\log\alpha$ below the clip at $-8$. The clip passes gradients through (straight-through),
+# so the KL can still raise $\alpha$ and prune such a weight; a hard clamp would lock it at
+# $-8$ for good (an earlier version did, and most kept first-layer weights were of that kind).
+# The count below shows how few weights sit at the clip after training, and how many weights
+# the always-zero border pixels keep.
 
 # %%
 dead = x_train.max(0).values == 0  # pixels that are zero in every training image
@@ -253,7 +251,6 @@ sweep.round(4)
 # * After training, more than nine in ten weights have $\log\alpha > 3$; setting them to zero
 #   leaves the error of the mean network unchanged (compare *dense* and *pruned* above), and
 #   sparsity keeps rising slowly with more steps.
-# * The threshold sweep is flat: almost every weight is either clearly pruned or locked at
-#   the lower clip (see above), so the kept count hardly depends on the threshold. The map of
-#   kept first-layer weights, locked ones included, concentrates on the centre of the image,
-#   where the digits' strokes are.
+# * The threshold sweep shows how the error of the pruned mean network grows as the threshold
+#   starts removing weights that carry signal. The map of kept first-layer weights
+#   concentrates on the centre of the image, where the digits' strokes are.
