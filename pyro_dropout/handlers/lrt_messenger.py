@@ -22,7 +22,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import Independent, Normal
 
 from ..nn.functional import LinearSpec, add_bias
-from . import lrt_rules  # noqa: F401  (the built-in rules register themselves)
+from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import lookup_rule, register_local_reparameterization
 
 __all__ = [
@@ -114,15 +114,25 @@ class LocalReparameterizationMessenger(Messenger):
         out = rule(base, x, spec)
         bias_name = msg["kwargs"].get("bias_name")
         bias_fn = None if bias_name is None else self._dists.get(bias_name)
-        if bias is not None:
-            bias_base = None if bias_fn is None else _strip(bias_fn)
+        bias_base = None
+        if bias is not None and bias_fn is not None:
+            bias_base = _strip(bias_fn)
             if not isinstance(bias_base, Normal):
                 bias_base = None  # another family: add the drawn bias, shared over the batch
             else:
                 event = len(bias_base.event_shape)
                 bias_base = _align_batch(bias_base, bias.shape[: bias.dim() - event])
+        if isinstance(out, GaussianPreactivation):
+            mean, var = out
             if bias_base is not None:
-                # Per-example bias noise: N(μ_b, σ_b²) added to the pre-activation.
+                # Per-example bias noise N(μ_b, σ_b²) folded into the same Gaussian: one draw.
+                mean = add_bias(mean, bias_base.loc, spec)
+                var = add_bias(var, bias_base.scale**2, spec)
+            elif bias is not None:
+                mean = add_bias(mean, bias, spec)
+            out = sample_gaussian_preactivation(mean, var)
+        elif bias is not None:
+            if bias_base is not None:
                 bias = bias_base.loc + bias_base.scale * _randn_like(out, bias_base.loc, spec)
             out = add_bias(out, bias, spec)
         msg["value"] = out

@@ -11,6 +11,8 @@ element this has the same mean and variance as the weight-space family (each ker
 a different input element), only correlations across positions differ.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch.distributions import Normal
 
@@ -19,10 +21,19 @@ from ..distributions import BernoulliMaskedNormal
 from ..nn.functional import ConvSpec, unexpand
 from .registry import register_local_reparameterization
 
-__all__ = ["sample_gaussian_preactivation"]
+__all__ = ["GaussianPreactivation", "sample_gaussian_preactivation"]
 
 #: Variances are clamped here before the square root (sqrt has an infinite gradient at 0).
 VARIANCE_FLOOR = 1e-12
+
+
+class GaussianPreactivation(NamedTuple):
+    """A rule's answer when the pre-activation is Gaussian given the rule's own draws (the
+    dropout mask, say): the messenger adds the bias's mean and variance and draws the noise
+    once per layer."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
 
 
 def sample_gaussian_preactivation(mean, var):
@@ -44,7 +55,7 @@ def _noise_variance(x, scale, spec):
 
 @register_local_reparameterization(Normal)
 def _lrt_normal(fn, x, spec):
-    return sample_gaussian_preactivation(spec(x, fn.loc), spec(x * x, fn.scale * fn.scale))
+    return GaussianPreactivation(spec(x, fn.loc), spec(x * x, fn.scale * fn.scale))
 
 
 def _input_keep_prob(fn, spec):
@@ -71,4 +82,4 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
     shape = broadcast_shape(x.shape, keep.shape)
     mask = torch.rand(shape, dtype=x.dtype, device=x.device) < keep
     mean = spec(x * mask, fn.loc)
-    return sample_gaussian_preactivation(mean, _noise_variance(x, fn.scale, spec))
+    return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
