@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None):
     :class:`pandas.DataFrame` (one row per guide) and the :class:`~pathlib.Path` written.
 
     Example:
-        >>> table, path = main(["--steps", "30", "--output", "/tmp/demo.png"])  # doctest: +SKIP
+        >>> table, path = main(["--steps", "30", "--output", "demo.png"])  # doctest: +SKIP
     """
     args = parse_args(argv)
     from .datasets import co2_extrapolation_split
