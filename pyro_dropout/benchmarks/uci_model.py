@@ -24,7 +24,6 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer import SVI
-from pyro.infer.autoguide.initialization import init_to_feasible
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch.distributions import constraints
 
@@ -36,6 +35,7 @@ from .. import (
     ImproperLogUniform,
     local_reparameterization,
 )
+from ..guides import init_to_glorot
 from ..infer import MeanFieldELBO
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "build",
     "dropout_training_precision",
     "evaluate",
-    "init_to_glorot",
     "train",
 ]
 
@@ -73,31 +72,6 @@ def dropout_training_precision(tau, dropout_rate):
     ``Normal(0, 1/l)`` on the weights, equal to the reference Keras objective up to a constant
     factor: :math:`τ' = 2τ/(1-p)^2` (derivation in :mod:`pyro_dropout.benchmarks.uci`)."""
     return 2.0 * tau / (1.0 - dropout_rate) ** 2
-
-
-def init_to_glorot(site):
-    """Keras' default initialisation of the reference net: Glorot-uniform weights
-    ``U(±sqrt(6 / (fan_in + fan_out)))`` (sites with ≥ 2 event dims, first = outputs), zero
-    biases, Pyro's ``init_to_feasible`` for constrained sites.
-
-    These are the posterior *means*: for :class:`~pyro_dropout.AutoDropout` the guide stores
-    ``M = E[W] / (1 - p)``, which is exactly the Keras kernel of an inverted-dropout layer.
-    """
-    if site.get("is_observed"):
-        return None
-    fn = site["fn"]
-    shape = fn.batch_shape + fn.event_shape
-    support = fn.support
-    while hasattr(support, "base_constraint"):
-        support = support.base_constraint
-    if type(support).__name__ != "_Real":
-        return init_to_feasible(site)
-    dtype = torch.get_default_dtype()
-    if len(fn.event_shape) >= 2:
-        fan_out, fan_in = fn.event_shape[0], math.prod(fn.event_shape[1:])
-        bound = math.sqrt(6.0 / (fan_in + fan_out))
-        return (torch.rand(shape, dtype=dtype) * 2 - 1) * bound
-    return torch.zeros(shape, dtype=dtype)
 
 
 def _member_normal(scale, shape):

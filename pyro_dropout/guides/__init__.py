@@ -3,7 +3,7 @@ Gaussian (Bayes by Backprop) and variational dropout with learned α."""
 
 from .base import AutoWeightGuide
 from .dropout import AutoDropout
-from .init import init_to_fan_in, init_to_module
+from .init import init_to_fan_in, init_to_glorot, init_to_module
 from .mean_field import AutoMeanField
 from .variational_dropout import LOG_ALPHA_CLIP, AutoVariationalDropout, SparsityReport
 
@@ -15,5 +15,6 @@ __all__ = [
     "LOG_ALPHA_CLIP",
     "SparsityReport",
     "init_to_fan_in",
+    "init_to_glorot",
     "init_to_module",
 ]

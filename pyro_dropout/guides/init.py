@@ -5,17 +5,13 @@ import math
 import torch
 from pyro.infer.autoguide.initialization import init_to_feasible
 
-__all__ = ["init_to_fan_in", "init_to_module"]
+__all__ = ["init_to_fan_in", "init_to_glorot", "init_to_module"]
 
 
-def init_to_fan_in(site):
-    """Random fan-in scaled means: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights (sites
-    with at least 2 event dims, first one = outputs, as PyTorch's Linear/Conv default), zeros for
-    other real sites (biases), Pyro's ``init_to_feasible`` for constrained sites.
-
-    Pyro's own ``init_to_feasible``/``init_to_mean`` put every weight mean at exactly 0 under a
-    zero-mean prior, so all hidden units start identical and stay so.
-    """
+def _uniform_weights(site, bound):
+    """Shared mechanism: ``U(-b, b)`` weights (sites with >= 2 event dims, first = outputs)
+    with ``b = bound(fan_in, fan_out)``, zeros for other real sites (biases), Pyro's
+    ``init_to_feasible`` for constrained sites."""
     if site.get("is_observed"):
         return None
     fn = site["fn"]
@@ -27,10 +23,29 @@ def init_to_fan_in(site):
         return init_to_feasible(site)
     dtype = torch.get_default_dtype()
     if len(fn.event_shape) >= 2:
-        fan_in = math.prod(fn.event_shape[1:])
-        bound = 1.0 / math.sqrt(fan_in)
-        return (torch.rand(value_shape, dtype=dtype) * 2 - 1) * bound
+        b = bound(math.prod(fn.event_shape[1:]), fn.event_shape[0])
+        return (torch.rand(value_shape, dtype=dtype) * 2 - 1) * b
     return torch.zeros(value_shape, dtype=dtype)
+
+
+def init_to_fan_in(site):
+    """Random fan-in scaled means: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights (sites
+    with at least 2 event dims, first one = outputs, as PyTorch's Linear/Conv default), zeros for
+    other real sites (biases), Pyro's ``init_to_feasible`` for constrained sites.
+
+    Pyro's own ``init_to_feasible``/``init_to_mean`` put every weight mean at exactly 0 under a
+    zero-mean prior, so all hidden units start identical and stay so.
+    """
+    return _uniform_weights(site, lambda fan_in, fan_out: 1.0 / math.sqrt(fan_in))
+
+
+def init_to_glorot(site):
+    """Glorot-uniform means ``U(±sqrt(6 / (fan_in + fan_out)))`` (Keras' default), zero biases.
+
+    For :class:`~pyro_dropout.AutoDropout` these are posterior means, so the guide stores
+    ``M = E[W] / (1 - p)``: exactly the Keras kernel of an inverted-dropout layer.
+    """
+    return _uniform_weights(site, lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out)))
 
 
 def init_to_module(module, fallback=None):

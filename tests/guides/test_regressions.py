@@ -88,3 +88,18 @@ def test_dropout_rate_tensor_gives_each_plate_member_its_rate():
     )
     with pytest.raises(ValueError, match="dropout_rate"):
         AutoDropout(Batched(), dropout_rate=torch.tensor([0.1, 1.0]))
+
+
+def test_init_to_glorot_bound_and_zero_biases():
+    import math
+
+    from pyro_dropout import AutoMeanField
+    from pyro_dropout.guides import init_to_glorot
+
+    model = BayesianMLP(30, 10, hidden=(50,), tau=1.0)
+    guide = AutoMeanField(model, init_loc_fn=init_to_glorot)
+    means = guide.median(torch.randn(4, 30), torch.randn(4, 10))
+    w = means["net.layers.0.weight"]
+    bound = math.sqrt(6.0 / (30 + 50))
+    assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
+    assert torch.equal(means["net.layers.0.bias"], torch.zeros(50))
