@@ -9,7 +9,7 @@ Workloads (from the project's speed issue):
 
 For each workload it times one training step (forward + backward + optimiser step) of a plain
 ``nn.Dropout`` MLP and of each guide with local reparameterisation through ``pyro.infer.SVI``
-(``MeanFieldELBO``, the ``TraceMeanField_ELBO`` estimator ``fit`` uses), and one ``predict`` call (T = 100 samples, 1,000 points) against a
+(``MeanFieldELBO``, the ``TraceMeanField_ELBO`` estimator ``fit`` uses, with ``fit``'s default optimiser, one fused Adam), once eager and once compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``), and one ``predict`` call (T = 100 samples, 1,000 points) against a
 plain-PyTorch loop of T dropout forwards. Methods are interleaved in rounds and each is
 summarised by the median of its per-round times; the table reports ratios to the plain
 baseline of the same workload measured in the same rounds, so machine noise largely cancels.
@@ -34,12 +34,15 @@ from .. import (
     local_reparameterization,
     predict,
 )
-from ..infer import MeanFieldELBO
+from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
 
 WORKLOADS = {
     "W1": dict(sizes=(8, 50, 1), batch=32, p=0.1, task="regression", n_data=1000),
     "W2": dict(sizes=(784, 400, 400, 10), batch=128, p=0.5, task="classification", n_data=1000),
 }
+
+#: Label suffix of the steps compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``).
+JIT_SUFFIX = " (jit)"
 
 TARGETS = {  # ratio to the plain nn.Dropout MLP
     ("AutoDropout", "W1"): 3.0,
@@ -95,7 +98,7 @@ def _plain_step_fn(w, x, y):
     return step, net
 
 
-def _guide_step_fn(w, guide_cls, x, y):
+def _guide_step_fn(w, guide_cls, x, y, jit=False):
     sizes = w["sizes"]
     model = BayesianMLP(
         sizes[0],
@@ -106,8 +109,9 @@ def _guide_step_fn(w, guide_cls, x, y):
     )
     kwargs = {"dropout_rate": w["p"]} if guide_cls is AutoDropout else {}
     guide = guide_cls(model, **kwargs)
-    elbo = MeanFieldELBO(max_plate_nesting=1)  # what fit() uses
-    svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), elbo)
+    # what fit() uses: MeanFieldELBO (JitMeanFieldELBO with jit=True) and one fused Adam
+    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(max_plate_nesting=1)
+    svi = SVI(model, guide, fused_adam({"lr": 1e-3}), elbo)
     xb, yb = x[: w["batch"]], y[: w["batch"]]
     n = w["n_data"]
     lrt = local_reparameterization()
@@ -153,10 +157,12 @@ def run(quick=False, rounds=None, seed=0):
         methods["plain nn.Dropout step"] = plain_step
         fitted = {}
         for cls in (AutoDropout, AutoMeanField, AutoVariationalDropout):
-            step, model, guide = _guide_step_fn(w, cls, x, y)
-            step()  # set up the guide's parameters
-            methods[f"{cls.__name__} + LRT step"] = step
-            fitted[cls.__name__] = (model, guide)
+            for jit in (False, True):
+                step, model, guide = _guide_step_fn(w, cls, x, y, jit=jit)
+                step()  # set up the guide's parameters (and trace, with jit)
+                methods[f"{cls.__name__} + LRT step{JIT_SUFFIX if jit else ''}"] = step
+                if not jit:
+                    fitted[cls.__name__] = (model, guide)
         x_pred = torch.randn(pred_points, w["sizes"][0])
         model, guide = fitted["AutoDropout"]
         methods["plain dropout predict loop"] = _plain_predict_fn(plain_net, x_pred, pred_samples)
@@ -173,7 +179,10 @@ def run(quick=False, rounds=None, seed=0):
         med = {k: statistics.median(v) for k, v in times.items()}
         ratios = {}
         for cls in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout"):
-            ratios[cls] = med[f"{cls} + LRT step"] / med["plain nn.Dropout step"]
+            for suffix in ("", JIT_SUFFIX):
+                ratios[cls + suffix] = (
+                    med[f"{cls} + LRT step{suffix}"] / med["plain nn.Dropout step"]
+                )
         ratios["predict"] = med["predict (AutoDropout)"] / med["plain dropout predict loop"]
         results[wname] = {"median_seconds": med, "ratios": ratios, "workload": w}
     return {
@@ -204,10 +213,19 @@ def markdown(report):
         "| --- | --- | --- | --- | --- |",
     ]
     res = report["results"]
-    for method in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout", "predict"):
-        row = [f"{method}{' + LRT, training step' if method != 'predict' else ', T=100'}"]
+    methods = [
+        (cls, suffix)
+        for cls in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
+        for suffix in ("", JIT_SUFFIX)
+    ] + [("predict", "")]
+    for method, suffix in methods:
+        if method == "predict":
+            label = "predict, T=100"
+        else:
+            label = f"{method} + LRT, training step{' (JIT)' if suffix else ' (eager)'}"
+        row = [label]
         for w in ("W1", "W2"):
-            r = res[w]["ratios"][method]
+            r = res[w]["ratios"][method + suffix]
             t = TARGETS[(method, w)]
             row += [f"{r:.2f}× {'✅' if r <= t else '❌'}", f"≤ {t}×"]
         lines.append("| " + " | ".join(row) + " |")

@@ -1,14 +1,18 @@
 """Fitting (plain Pyro SVI) and Monte-Carlo prediction."""
 
-from .elbo import MeanFieldELBO
+from .elbo import JitMeanFieldELBO, MeanFieldELBO
 from .fit import fit
+from .optim import FusedOptim, fused_adam
 from .predict import Prediction, predict
 from .tau import gal_tau, gal_weight_decay, prior_scale_from_length_scale
 
 __all__ = [
+    "JitMeanFieldELBO",
+    "FusedOptim",
     "MeanFieldELBO",
     "Prediction",
     "fit",
+    "fused_adam",
     "gal_tau",
     "gal_weight_decay",
     "predict",

@@ -10,7 +10,8 @@ from pyro.infer import SVI
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from ..handlers import local_reparameterization as _lrt
-from .elbo import MeanFieldELBO
+from .elbo import JitMeanFieldELBO, MeanFieldELBO
+from .optim import fused_adam
 
 __all__ = ["fit"]
 
@@ -34,6 +35,7 @@ def fit(
     optim=None,
     lr=1e-3,
     local_reparameterization=True,
+    jit=False,
     num_particles=1,
     vectorize_particles=False,
     progress=True,
@@ -49,9 +51,14 @@ def fit(
     :param batch_size: minibatch size; ``None`` uses all data each step. Minibatches are drawn
         without replacement each epoch and the model is called with ``num_data=N`` so the
         likelihood is scaled by ``N/B`` (one full KL per pass over the data).
-    :param optim: a Pyro optimiser; default ``pyro.optim.Adam({"lr": lr})``.
+    :param optim: a Pyro optimiser; default ``fused_adam({"lr": lr})`` (the same Adam update
+        as ``pyro.optim.Adam({"lr": lr})``, one multi-tensor optimiser for all parameters:
+        :class:`~pyro_dropout.infer.FusedOptim`).
     :param bool local_reparameterization: sample pre-activations instead of weights
         (:func:`~pyro_dropout.local_reparameterization`).
+    :param bool jit: compile the loss with Pyro's JIT
+        (:class:`~pyro_dropout.infer.JitMeanFieldELBO`): about 2× faster steps on small
+        networks, for models whose structure is static (one trace per minibatch shape).
     :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
 
@@ -90,8 +97,8 @@ def fit(
         raise ValueError("num_steps/num_epochs must be at least 1")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    optim = optim if optim is not None else pyro.optim.Adam({"lr": lr})
-    elbo = MeanFieldELBO(
+    optim = optim if optim is not None else fused_adam({"lr": lr})
+    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
         num_particles=num_particles,
         vectorize_particles=vectorize_particles,
         max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),

@@ -12,6 +12,10 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     assert set(saved["results"]) == {"W1", "W2"}
     for w in ("W1", "W2"):
         ratios = report["results"][w]["ratios"]
-        assert set(ratios) == {"AutoDropout", "AutoMeanField", "AutoVariationalDropout", "predict"}
+        guides = ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
+        expected = {g + s for g in guides for s in ("", speed.JIT_SUFFIX)} | {"predict"}
+        assert set(ratios) == expected
         assert all(r > 0 for r in ratios.values())
-    assert "AutoDropout + LRT, training step" in md.read_text()
+    text = md.read_text()
+    assert "AutoDropout + LRT, training step (eager)" in text
+    assert "AutoDropout + LRT, training step (JIT)" in text

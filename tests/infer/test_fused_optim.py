@@ -1,0 +1,111 @@
+"""``FusedOptim``: Pyro's per-parameter update with one torch optimiser, Pyro's step
+semantics (only the step's parameters move), state round trip and argument errors."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI
+
+from pyro_dropout import AutoMeanField, BayesianMLP, local_reparameterization
+from pyro_dropout.infer import FusedOptim, MeanFieldELBO, fused_adam
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 3, generator=g)
+    return x, x[:, 0] - x[:, 2]
+
+
+def _train(optim, steps, state=None):
+    """``steps`` SVI steps from a fixed start; returns the final parameters and the optimiser."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(8,), tau=25.0)
+    guide = AutoMeanField(model, init_scale=0.1)
+    svi = SVI(model, guide, optim, MeanFieldELBO(max_plate_nesting=1))
+    with local_reparameterization():
+        for _ in range(steps):
+            svi.step(x, y)
+    return {k: v.detach().clone() for k, v in guide.named_parameters()}, optim
+
+
+@pytest.mark.parametrize(
+    "fused, reference",
+    [
+        (lambda: fused_adam({"lr": 0.01}), lambda: pyro.optim.Adam({"lr": 0.01})),
+        (
+            lambda: FusedOptim(torch.optim.SGD, {"lr": 0.001, "momentum": 0.9}),
+            lambda: pyro.optim.SGD({"lr": 0.001, "momentum": 0.9}),
+        ),
+        (
+            lambda: FusedOptim(torch.optim.Adam, {"lr": 0.01}, {"clip_norm": 1.0}),
+            lambda: pyro.optim.Adam({"lr": 0.01}, {"clip_norm": 1.0}),
+        ),
+    ],
+    ids=["adam", "sgd-momentum", "adam-clip-norm"],
+)
+def test_same_trajectory_as_pyro_per_parameter_optimisers(fused, reference):
+    a, _ = _train(fused(), 25)
+    b, _ = _train(reference(), 25)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_only_the_steps_parameters_move():
+    a = pyro.param("a", torch.ones(3))
+    b = pyro.param("b", torch.ones(2))
+    opt = fused_adam({"lr": 0.1})
+    for p in (a, b):
+        p.unconstrained().grad = torch.ones_like(p)
+    opt([a.unconstrained(), b.unconstrained()])
+    b_before = b.detach().clone()
+    state_before = {k: v.clone() for k, v in opt.optimizer.state[b.unconstrained()].items()}
+    a.unconstrained().grad = torch.ones(3)
+    b.unconstrained().grad = torch.full((2,), 5.0)  # a stale gradient: must not be used
+    opt([a.unconstrained()])
+    assert torch.equal(b.detach(), b_before)
+    for k, v in opt.optimizer.state[b.unconstrained()].items():
+        assert torch.equal(v, state_before[k]), k
+    assert torch.equal(b.unconstrained().grad, torch.full((2,), 5.0))  # restored
+    assert (a.detach() < b_before[0]).all()
+
+
+def test_state_round_trip_continues_the_same_trajectory():
+    straight, _ = _train(fused_adam({"lr": 0.01}), 20)
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(8,), tau=25.0)
+    guide = AutoMeanField(model, init_scale=0.1)
+    first = fused_adam({"lr": 0.01})
+    svi = SVI(model, guide, first, MeanFieldELBO(max_plate_nesting=1))
+    with local_reparameterization():
+        for _ in range(10):
+            svi.step(x, y)
+        state = first.get_state()
+        assert len(state["param_names"]) == len(straight)
+        svi.optim = fused_adam({"lr": 0.01})  # a fresh optimiser, restored on its first step
+        svi.optim.set_state(state)
+        for _ in range(10):
+            svi.step(x, y)
+    assert svi.optim._pending_state is None
+    for k, v in guide.named_parameters():
+        torch.testing.assert_close(v.detach(), straight[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_argument_errors():
+    with pytest.raises(TypeError, match="one dict of optimiser arguments"):
+        FusedOptim(torch.optim.Adam, lambda name: {"lr": 0.1})
+    with pytest.raises(TypeError, match="clip_args as a dict"):
+        FusedOptim(torch.optim.Adam, {"lr": 0.1}, lambda m, p: {})
+
+
+def test_foreach_is_used_where_the_optimiser_has_it():
+    assert fused_adam({"lr": 0.1}).pt_optim_args["foreach"] is True
+    assert (
+        FusedOptim(torch.optim.Adam, {"lr": 0.1, "foreach": False}).pt_optim_args["foreach"]
+        is False
+    )
+    assert "foreach" not in FusedOptim(torch.optim.LBFGS, {"lr": 0.1}).pt_optim_args
