@@ -383,13 +383,14 @@ def evaluate(
     xm = _expand_members(x, per_split)
     ym = _expand_members(y.double(), per_split)
     m, n = ym.shape
-    mu = y_mean.double().reshape(m, 1)
-    sd = y_std.double().reshape(m, 1)
-    tau = tau.double().reshape(m, 1)
+    dev = ym.device
+    mu = y_mean.double().reshape(m, 1).to(dev)
+    sd = y_std.double().reshape(m, 1).to(dev)
+    tau = tau.double().reshape(m, 1).to(dev)
     width = xm.shape[-1] + sum(layer.out_features for layer in model.layers)
     chunk = max(1, min(num_samples, _CHUNK_BUDGET // max(1, m * n * width)))
-    total = torch.zeros(m, n, dtype=torch.float64)
-    lse = torch.full((m, n), -math.inf, dtype=torch.float64)
+    total = torch.zeros(m, n, dtype=torch.float64, device=dev)
+    lse = torch.full((m, n), -math.inf, dtype=torch.float64, device=dev)
     kept = []
     with pyro.validation_enabled(False), local_reparameterization():
         for s0 in range(0, num_samples, chunk):

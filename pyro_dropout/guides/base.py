@@ -53,8 +53,18 @@ class AutoWeightGuide(AutoGuide):
 
     def __init__(self, model, *, init_loc_fn=init_to_fan_in, create_plates=None):
         self.init_loc_fn = init_loc_fn
-        model = InitMessenger(init_loc_fn)(model)
+        self._init_device = None
+        model = InitMessenger(self._init_on_device)(model)
         super().__init__(model, create_plates=create_plates)
+
+    def _init_on_device(self, site):
+        # Init functions build CPU tensors (they see only the site, and an improper prior
+        # such as ImproperLogUniform holds no tensor to take a device from); the guide's
+        # parameters belong where the data are, e.g. after model.to("cuda").
+        value = self.init_loc_fn(site)
+        if torch.is_tensor(value) and self._init_device is not None:
+            value = value.to(self._init_device)
+        return value
 
     # -- per-family hooks -------------------------------------------------------------------
     def _init_real_site(self, name, site, init_mean):
@@ -76,6 +86,8 @@ class AutoWeightGuide(AutoGuide):
         return msg["type"] != "sample" or site_is_subsample(msg)
 
     def _setup_prototype(self, *args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+        self._init_device = tensors[0].device if tensors else None
         super()._setup_prototype(*args, **kwargs)
         self._event_dims = {}
         self._real = {}

@@ -115,7 +115,9 @@ class AutoVariationalDropout(AutoWeightGuide):
         else:
             batch = init_mean.shape[: init_mean.dim() - len(event)]
             shape = batch + ((1,) + event[1:] if self.alpha == "unit" else (1,) * len(event))
-            log_alpha = torch.full(shape, self.init_log_alpha, dtype=init_mean.dtype)
+            log_alpha = torch.full(
+                shape, self.init_log_alpha, dtype=init_mean.dtype, device=init_mean.device
+            )
             self._set("log_alphas", name, PyroParam(log_alpha, constraints.real, n))
 
     def log_alpha(self, name):

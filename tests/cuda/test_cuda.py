@@ -1,0 +1,160 @@
+"""The library on CUDA tensors: distributions, the three guides (eager and JIT), local
+reparameterisation, prediction, the ArviZ export and the batched UCI model.
+
+Skipped without a GPU (CI has none); run on a GPU machine with ``python -m pytest tests/cuda``.
+Each test checks that results stay on the GPU and are finite, and, where cheap, that they agree
+with the same computation on the CPU.
+"""
+
+import math
+import os
+
+import pyro
+import pytest
+import torch
+from torch.distributions import kl_divergence
+
+from pyro_dropout import (
+    AutoDropout,
+    AutoMeanField,
+    AutoVariationalDropout,
+    BayesianConvNet,
+    BayesianMLP,
+    BernoulliMaskedNormal,
+    ImproperLogUniform,
+    fit,
+    predict,
+    to_inference_data,
+)
+
+# PYRO_DROPOUT_TEST_DEVICE=cpu runs the same checks on the CPU (to test the tests).
+CUDA = torch.device(os.environ.get("PYRO_DROPOUT_TEST_DEVICE", "cuda"))
+pytestmark = pytest.mark.skipif(
+    CUDA.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"
+)
+GUIDES = {
+    "dropout": lambda m: AutoDropout(m, dropout_rate=0.1),
+    "mean_field": lambda m: AutoMeanField(m),
+    "variational_dropout": lambda m: AutoVariationalDropout(m),
+}
+
+
+def _data(n=64, d=3, device=CUDA):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g)
+    y = x[:, 0] - x[:, 2] + 0.1 * torch.randn(n, generator=g)
+    return x.to(device), y.to(device)
+
+
+def _on_cuda(t):
+    return t.device.type == CUDA.type
+
+
+def test_distributions_and_kls():
+    loc = torch.randn(4, 3, device=CUDA)
+    d = BernoulliMaskedNormal(loc, torch.full_like(loc, 0.1), torch.tensor(0.2, device=CUDA))
+    w = d.rsample((5,))
+    assert _on_cuda(w) and w.shape == (5, 4, 3)
+    lp = d.log_prob(w)
+    assert _on_cuda(lp) and torch.isfinite(lp).all()
+    prior = pyro.distributions.Normal(torch.zeros((), device=CUDA), 1.0).expand((4, 3)).to_event(2)
+    kl = kl_divergence(d, prior)
+    assert _on_cuda(kl) and torch.isfinite(kl).all()
+    cpu = BernoulliMaskedNormal(loc.cpu(), torch.full((4, 3), 0.1), torch.tensor(0.2))
+    cpu_prior = pyro.distributions.Normal(torch.zeros(()), 1.0).expand((4, 3)).to_event(2)
+    torch.testing.assert_close(kl.cpu(), kl_divergence(cpu, cpu_prior), rtol=1e-5, atol=1e-5)
+    q = pyro.distributions.Normal(loc, torch.full_like(loc, 0.1))
+    ilu = ImproperLogUniform().expand((4, 3))
+    kl2 = kl_divergence(q, ilu)
+    assert _on_cuda(kl2) and torch.isfinite(kl2).all()
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("guide_name", list(GUIDES))
+def test_fit_and_predict_stay_on_the_gpu(guide_name, jit):
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(16,), tau=25.0).to(CUDA)
+    guide = GUIDES[guide_name](model)
+    losses = fit(model, guide, x, y, num_epochs=40, batch_size=24, jit=jit, seed=0, progress=False)
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
+    for name, p in guide.named_parameters():
+        assert _on_cuda(p), name
+    pred = predict(model, guide, x, num_samples=50, seed=0)
+    assert _on_cuda(pred.mean) and torch.isfinite(pred.mean).all()
+    ll = pred.log_likelihood(y)
+    assert _on_cuda(ll) and torch.isfinite(ll).all()
+
+
+def test_learned_noise_and_classification():
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(16,)).to(CUDA)  # learned noise scale
+    guide = AutoMeanField(model)
+    fit(model, guide, x, y, num_steps=30, jit=True, seed=0, progress=False)
+    assert _on_cuda(model.likelihood.noise_scale)
+    labels = (y > 0).long()
+    clf = BayesianMLP(3, 2, hidden=(16,), likelihood="classification").to(CUDA)
+    g = AutoDropout(clf, dropout_rate=0.2)
+    fit(clf, g, x, labels, num_steps=30, seed=0, progress=False)
+    pred = predict(clf, g, x, num_samples=20)
+    assert _on_cuda(pred.probs) and torch.allclose(pred.probs.sum(-1), torch.ones((), device=CUDA))
+
+
+def test_convnet_with_dropout_lrt():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 1, 12, 12, generator=g).to(CUDA)
+    y = torch.randint(0, 3, (16,), generator=g).to(CUDA)
+    model = BayesianConvNet(1, 3, image_size=12, channels=(4, 6), hidden=20, kernel_size=3)
+    model = model.to(CUDA)
+    guide = AutoDropout(model, dropout_rate=0.3)
+    losses = fit(model, guide, x, y, num_steps=10, seed=0, progress=False)
+    assert all(math.isfinite(v) for v in losses)
+    pred = predict(model, guide, x, num_samples=8)
+    assert _on_cuda(pred.probs) and pred.probs.shape[-1] == 3
+
+
+def test_lrt_matches_the_cpu_in_distribution():
+    """Same parameters on both devices: the pre-activation mean over many draws agrees."""
+    x, y = _data(device="cpu")
+    model = BayesianMLP(3, 1, hidden=(16,), tau=25.0)
+    guide = AutoMeanField(model, init_scale=0.1)
+    fit(model, guide, x, y, num_steps=5, seed=0, progress=False)
+    cpu = predict(model, guide, x, num_samples=4000, seed=0)
+    model.to(CUDA)
+    guide.to(CUDA)
+    gpu = predict(model, guide, x.to(CUDA), num_samples=4000, seed=0)
+    se = (cpu.variance / 4000).sqrt().squeeze(-1)
+    z = (gpu.mean.cpu() - cpu.mean).squeeze(-1).abs() / (se * math.sqrt(2))
+    assert z.max() < 5, z.max()
+
+
+def test_arviz_export_from_gpu_fits():
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(8,), tau=25.0).to(CUDA)
+    guide = AutoDropout(model, dropout_rate=0.1)
+    fit(model, guide, x, y, num_steps=20, seed=0, progress=False)
+    data = to_inference_data(model, guide, x, y, num_samples=30, x_test=x[:10], y_test=y[:10])
+    from pyro_dropout.diagnostics import loo
+
+    assert math.isfinite(loo(data).elpd)
+
+
+def test_batched_uci_model_trains_and_evaluates():
+    from pyro_dropout.benchmarks import uci_model as um
+
+    g = torch.Generator().manual_seed(0)
+    s, n, d = 2, 40, 4
+    x = torch.randn(s, n, d, generator=g).to(CUDA)
+    y = x.sum(-1) + 0.1 * torch.randn(s, n, generator=g).to(CUDA)
+    grid = um.grid("dropout", [0.01, 0.1], [0.5, 1.0])
+    members = um.Members(
+        [dict(c) for _ in range(s) for c in grid], torch.ones(s * len(grid)).double(), n
+    )
+    model, guide, eval_tau = um.build("dropout", d, 8, members)
+    model.to(CUDA)
+    um.train(model, guide, x, y, len(grid), num_epochs=3, batch_size=16)
+    m = len(members)
+    ev = um.evaluate(
+        model, guide, x, y, len(grid), torch.zeros(m), torch.ones(m), eval_tau(), num_samples=50
+    )
+    assert torch.isfinite(ev.rmse).all() and torch.isfinite(ev.ll).all()
