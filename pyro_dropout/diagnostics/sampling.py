@@ -276,8 +276,8 @@ def draw_posterior(
         train.append(_predictive(m_tr, obs_name, n, lead, observed=True))
         if t_tr is not None:
             test.append(_predictive(t_tr, obs_name, n_test, lead, observed=y_test is not None))
-        log_joint.append(_per_draw_log_prob(m_tr, s, draw_dim).numpy())
-        log_q.append(_per_draw_log_prob(g_tr, s, draw_dim).numpy())
+        log_joint.append(_per_draw_log_prob(m_tr, s, draw_dim).cpu().numpy())
+        log_q.append(_per_draw_log_prob(g_tr, s, draw_dim).cpu().numpy())
 
     return Draws(
         latents={v: np.concatenate(a, axis=0) for v, a in latents.items()},

@@ -112,6 +112,8 @@ class AutoDropout(AutoWeightGuide):
             )
             self._rates[name] = rate
             keep = 1.0 - (0.0 if rate is None else rate)
+            if torch.is_tensor(keep):
+                keep = keep.to(init_mean.device)
             # init_loc_fn gives E[W] = (1 - p) M.
             self._set("locs", name, PyroParam(init_mean / keep, constraints.real, n))
         else:

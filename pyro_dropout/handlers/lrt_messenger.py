@@ -21,7 +21,7 @@ from pyro.distributions import Delta
 from pyro.poutine.messenger import Messenger
 from torch.distributions import Independent, Normal
 
-from ..nn.functional import LinearSpec, add_bias
+from ..nn.functional import LinearSpec, add_bias, unexpand
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import lookup_rule, register_local_reparameterization
 
@@ -127,7 +127,14 @@ class LocalReparameterizationMessenger(Messenger):
             if bias_base is not None:
                 # Per-example bias noise N(μ_b, σ_b²) folded into the same Gaussian: one draw.
                 mean = add_bias(mean, bias_base.loc, spec)
-                var = add_bias(var, bias_base.scale**2, spec)
+                bias_scale = unexpand(bias_base.scale)
+                if bias_scale.numel() == 1:
+                    # One bias scale for all units (AutoDropout's fixed σ): add it as a scalar
+                    # so the variance keeps its (…, 1) shape and the floor and square root
+                    # below run per example, not per unit.
+                    var = var + bias_scale.reshape(()) ** 2
+                else:
+                    var = add_bias(var, bias_base.scale**2, spec)
             elif bias is not None:
                 mean = add_bias(mean, bias, spec)
             out = sample_gaussian_preactivation(mean, var)

@@ -80,6 +80,8 @@ def _input_keep_prob(fn, spec):
 def _lrt_bernoulli_masked_normal(fn, x, spec):
     keep = _input_keep_prob(fn, spec)
     shape = broadcast_shape(x.shape, keep.shape)
-    mask = torch.rand(shape, dtype=x.dtype, device=x.device) < keep
+    # A float 0/1 mask made in place (``lt_`` keeps the dtype): a bool mask would be
+    # converted to x's dtype by every product with it.
+    mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
     mean = spec(x * mask, fn.loc)
     return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))

@@ -7,6 +7,7 @@ import math
 import pyro
 import torch
 from pyro.infer import SVI
+from pyro.infer.util import is_validation_enabled
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from ..handlers import local_reparameterization as _lrt
@@ -36,6 +37,7 @@ def fit(
     lr=1e-3,
     local_reparameterization=True,
     jit=False,
+    validate="first",
     num_particles=1,
     vectorize_particles=False,
     progress=True,
@@ -59,6 +61,11 @@ def fit(
     :param bool jit: compile the loss with Pyro's JIT
         (:class:`~pyro_dropout.infer.JitMeanFieldELBO`): about 2× faster steps on small
         networks, for models whose structure is static (one trace per minibatch shape).
+    :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
+        globally, as by default): ``"first"`` runs them on the first step of each minibatch
+        shape and skips them afterwards (they cost ~20 % of a small network's step and
+        the inputs' shapes no longer change); ``"always"`` on every step; ``"never"`` not at
+        all. A non-finite loss stops the fit in every mode.
     :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
 
@@ -104,6 +111,10 @@ def fit(
         max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
     )
     svi = SVI(model, guide, optim, elbo)
+    if validate not in ("first", "always", "never"):
+        raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
+    validating = validate != "never" and is_validation_enabled()
+    checked_shapes = set()
     losses = []
     ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
     bar = tqdm(total=total, disable=not progress, desc=f"fit {type(guide).__name__}")
@@ -115,9 +126,13 @@ def fit(
                 if k == 0:
                     order = torch.randperm(n, device=x.device)
                 idx = order[k * batch_size : (k + 1) * batch_size]
-                loss = svi.step(x[idx], y[idx], num_data=n)
+                args, kwargs = (x[idx], y[idx]), {"num_data": n}
             else:
-                loss = svi.step(x, y)
+                args, kwargs = (x, y), {}
+            checked = args[0].shape in checked_shapes
+            with pyro.validation_enabled(validating and not (checked and validate == "first")):
+                loss = svi.step(*args, **kwargs)
+            checked_shapes.add(args[0].shape)
             losses.append(loss)
             if not math.isfinite(loss):
                 bar.close()

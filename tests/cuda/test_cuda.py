@@ -134,9 +134,15 @@ def test_arviz_export_from_gpu_fits():
     guide = AutoDropout(model, dropout_rate=0.1)
     fit(model, guide, x, y, num_steps=20, seed=0, progress=False)
     data = to_inference_data(model, guide, x, y, num_samples=30, x_test=x[:10], y_test=y[:10])
+    from pyro_dropout import compare
     from pyro_dropout.diagnostics import loo
 
     assert math.isfinite(loo(data).elpd)
+    other = AutoMeanField(model)
+    fit(model, other, x, y, num_steps=20, seed=0, progress=False)
+    fits = {"dropout": (model, guide), "mean_field": (model, other)}
+    table = compare(fits, x=x, y=y, x_test=x[:10], y_test=y[:10], num_samples=30)
+    assert len(table) == 2
 
 
 def test_batched_uci_model_trains_and_evaluates():

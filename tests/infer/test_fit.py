@@ -222,3 +222,58 @@ def test_huge_learning_rate_raises_floating_point_error():
     with pytest.warns(UserWarning, match="Encountered NaN: loss"):  # Pyro's own warning
         with pytest.raises(FloatingPointError, match=r"loss became nan at step \d+.*learning rate"):
             fit(model, guide, x, y, num_steps=50, lr=1e30, progress=False, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# validation only where shapes are new
+# --------------------------------------------------------------------------------------------
+
+
+def _recording_model(model, flags):
+    def recorded(x, y=None, num_data=None):
+        flags.append(pyro.infer.util.is_validation_enabled())
+        return model(x, y, num_data=num_data)
+
+    return recorded
+
+
+@pytest.mark.parametrize(
+    "validate, expected",
+    [
+        # 40 rows in batches of 16: shapes 16, 16, 8 per epoch; model runs once per step
+        ("first", [True, False, True, False, False, False]),
+        ("always", [True] * 6),
+        ("never", [False] * 6),
+    ],
+)
+def test_validation_runs_on_the_first_step_of_each_shape(validate, expected):
+    x, y = _data()
+    model, guide = _setup()
+    flags = []
+    fit(
+        _recording_model(model, flags),
+        guide,
+        x,
+        y,
+        num_epochs=2,
+        batch_size=16,
+        validate=validate,
+        progress=False,
+    )
+    # the last six model runs are the six steps (the guide's set-up ran the model once more)
+    assert flags[-6:] == expected
+
+
+def test_validation_stays_off_when_disabled_globally(validation_off):
+    x, y = _data()
+    model, guide = _setup()
+    flags = []
+    fit(_recording_model(model, flags), guide, x, y, num_steps=3, batch_size=16, progress=False)
+    assert not any(flags)
+
+
+def test_bad_validate_value():
+    x, y = _data()
+    model, guide = _setup()
+    with pytest.raises(ValueError, match="validate must be 'first', 'always' or 'never'"):
+        fit(model, guide, x, y, num_steps=1, validate="sometimes", progress=False)

@@ -60,7 +60,7 @@ class RecordRand(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func is torch.rand:
-            self.draws.append(out)
+            self.draws.append(out.clone())  # the LRT rule turns its draw into a mask in place
         return out
 
 
