@@ -6,17 +6,21 @@ from .improper_log_uniform import ImproperLogUniform
 from .kl import (
     kl_bernoulli_masked_normal_normal,
     kl_normal_log_uniform,
+    kl_normal_normal,
     neg_kl_log_uniform_kingma,
     neg_kl_log_uniform_molchanov,
     set_log_uniform_kl,
 )
+from .log_alpha_normal import LogAlphaNormal
 
 __all__ = [
     "BernoulliMaskedNormal",
     "ImproperLogUniform",
+    "LogAlphaNormal",
     "kl",
     "kl_bernoulli_masked_normal_normal",
     "kl_normal_log_uniform",
+    "kl_normal_normal",
     "neg_kl_log_uniform_kingma",
     "neg_kl_log_uniform_molchanov",
     "set_log_uniform_kl",

@@ -7,6 +7,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from ..distributions import LogAlphaNormal
 from .base import AutoWeightGuide
 from .init import init_to_fan_in
 
@@ -136,11 +137,9 @@ class AutoVariationalDropout(AutoWeightGuide):
         event_dim = self._event_dims[name]
         if name not in self._weights:
             return dist.Normal(loc, self._get("scales", name)).to_event(event_dim)
-        # σ = |θ| sqrt(α); with the additive parameterisation and log α inside the clip range
-        # this is exactly exp(log σ² / 2). The tiny floor keeps σ > 0 when θ = 0.
-        theta_abs = (loc**2 + torch.finfo(loc.dtype).tiny).sqrt()
-        scale = theta_abs * (0.5 * self.log_alpha(name)).exp()
-        return dist.Normal(loc, scale).to_event(event_dim)
+        # σ² = θ² α; with the additive parameterisation and log α inside the clip range this is
+        # exactly exp(log σ²) (LogAlphaNormal floors θ² at the dtype's tiny so σ > 0 at θ = 0).
+        return LogAlphaNormal(loc, self.log_alpha(name)).to_event(event_dim)
 
     @torch.no_grad()
     def sparsity(self, threshold=3.0):

@@ -55,7 +55,7 @@ def _noise_variance(x, scale, spec):
 
 @register_local_reparameterization(Normal)
 def _lrt_normal(fn, x, spec):
-    return GaussianPreactivation(spec(x, fn.loc), spec(x * x, fn.scale * fn.scale))
+    return GaussianPreactivation(spec(x, fn.loc), spec(x * x, fn.variance))
 
 
 def _input_keep_prob(fn, spec):

@@ -133,7 +133,7 @@ def test_gaussian_guides_emit_independent_normal_at_every_site(cls):
     assert set(sites) == set(WEIGHTS + BIASES)
     for name, site in sites.items():
         fn = site["fn"]
-        assert isinstance(fn, Independent) and type(fn.base_dist) is Normal, name
+        assert isinstance(fn, Independent) and isinstance(fn.base_dist, Normal), name
         assert fn.batch_shape == () and fn.event_shape == site["value"].shape
     dists = guide.get_distributions()
     assert set(dists) == set(sites)

@@ -102,10 +102,29 @@ def test_argument_errors():
         FusedOptim(torch.optim.Adam, {"lr": 0.1}, lambda m, p: {})
 
 
-def test_foreach_is_used_where_the_optimiser_has_it():
-    assert fused_adam({"lr": 0.1}).pt_optim_args["foreach"] is True
-    assert (
-        FusedOptim(torch.optim.Adam, {"lr": 0.1, "foreach": False}).pt_optim_args["foreach"]
-        is False
-    )
+def test_fastest_update_is_chosen_unless_the_caller_sets_one():
+    assert fused_adam({"lr": 0.1}).pt_optim_args["fused"] is True
+    assert "foreach" not in fused_adam({"lr": 0.1}).pt_optim_args
+    own = FusedOptim(torch.optim.Adam, {"lr": 0.1, "foreach": False}).pt_optim_args
+    assert own == {"lr": 0.1, "foreach": False}
     assert "foreach" not in FusedOptim(torch.optim.LBFGS, {"lr": 0.1}).pt_optim_args
+    assert FusedOptim(torch.optim.Adagrad, {"lr": 0.1}).pt_optim_args.get("fused") in (None, True)
+
+
+def test_falls_back_to_foreach_where_fused_is_unsupported():
+    opt = fused_adam({"lr": 0.1})
+    p = pyro.param("p", torch.ones(3, dtype=torch.float64))
+    q = pyro.param("q", torch.ones(2))
+    u = p.unconstrained()
+    u.grad = torch.ones_like(u)
+    original = opt.pt_optim_constructor
+
+    def picky(params, **kwargs):  # stands in for a device the fused kernel lacks
+        if kwargs.get("fused"):
+            raise RuntimeError("fused not supported here")
+        return original(params, **kwargs)
+
+    opt.pt_optim_constructor = picky
+    opt([u, q.unconstrained()])
+    assert opt.pt_optim_args.get("foreach") is True and "fused" not in opt.pt_optim_args
+    assert (p.detach() < 1).all()
