@@ -6,13 +6,30 @@ from dataclasses import dataclass
 import pyro
 import torch
 from pyro import poutine
+from pyro.poutine.messenger import Messenger
 
 from ..handlers import local_reparameterization as _lrt
 
 __all__ = ["predict", "Prediction"]
 
 #: Auto chunking keeps ``chunk * x.numel()`` under this many elements.
-_CHUNK_BUDGET = 2**22
+#: Elements of the widest layer output per vectorised pass when ``chunk_size`` is not given.
+#: On a CPU a pass whose intermediates stay cache-sized is fastest (measured for T = 100 on
+#: 1,000 points of an 8-50-1 MLP: one pass of all 100 samples 2.2x a plain dropout loop,
+#: chunks of 20 samples = 1M elements 1.2x); a GPU wants large passes.
+CHUNK_ELEMENTS = {"cpu": 2**20, "other": 2**26}
+
+
+class _WidestLayer(Messenger):
+    """Records the largest Bayesian-layer output (in elements) of a run."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements = 0
+
+    def _pyro_post_bayesian_layer(self, msg):
+        if torch.is_tensor(msg["value"]):
+            self.elements = max(self.elements, msg["value"].numel())
 
 
 @dataclass
@@ -120,7 +137,9 @@ def predict(
     reparameterisation (default) each pass samples pre-activations per example, which for
     :class:`~pyro_dropout.AutoDropout` is exactly MC dropout.
 
-    :param chunk_size: samples per vectorised pass; default keeps ``chunk · x.numel()`` ≲ 4M.
+    :param chunk_size: samples per vectorised pass; by default a first one-sample pass measures
+        the widest layer output and the next passes keep it near :data:`CHUNK_ELEMENTS`
+        (1M elements on a CPU, where cache-sized passes are fastest; 64M elsewhere).
     :returns: a :class:`Prediction`.
 
     Example::
@@ -137,20 +156,28 @@ def predict(
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     num_samples = int(num_samples)
     x = torch.as_tensor(x)
-    if chunk_size is None:
-        chunk_size = max(1, min(num_samples, _CHUNK_BUDGET // max(1, x.numel())))
+    if chunk_size is not None and not int(chunk_size) >= 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
     if seed is not None:
         pyro.set_rng_seed(seed)
     nesting = getattr(model, "max_plate_nesting", 1)
     ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
     outs = []
+    start = 0
     with ctx:
-        for start in range(0, num_samples, chunk_size):
-            c = min(chunk_size, num_samples - start)
-            with pyro.plate("_mc_samples", c, dim=-(nesting + 1)):
+        while start < num_samples:
+            # Without a chunk size, the first pass draws one sample and measures the widest
+            # layer output, which sets the size of the following passes.
+            c = 1 if chunk_size is None else min(int(chunk_size), num_samples - start)
+            widest = _WidestLayer() if chunk_size is None else contextlib.nullcontext()
+            with widest, pyro.plate("_mc_samples", c, dim=-(nesting + 1)):
                 guide_trace = poutine.trace(guide).get_trace(x)
                 f = poutine.replay(model, trace=guide_trace)(x)
+            if chunk_size is None:
+                budget = CHUNK_ELEMENTS["cpu" if x.device.type == "cpu" else "other"]
+                chunk_size = max(1, budget // max(1, widest.elements, f.numel()))
             # f is (c, N, out); with c == 1 the layers may have dropped the sample dim.
             outs.append(f.reshape((c,) + f.shape[-2:]))
+            start += c
     samples = torch.cat(outs, 0)
     return Prediction(samples, getattr(model, "likelihood", None))

@@ -1,6 +1,7 @@
 """``predict`` and ``Prediction``: shapes, chunking, predictive moments and scores."""
 
 import math
+import sys
 
 import numpy as np
 import pyro
@@ -81,11 +82,35 @@ def test_chunking_gives_same_shapes_and_close_statistics(make_guide, lrt):
     assert ((ratio > 0.6) & (ratio < 1.6)).all()
 
 
-def test_chunk_size_equal_to_num_samples_is_the_default_single_pass():
+def _counting(guide, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return guide(*args, **kwargs)
+
+    return counted
+
+
+def test_default_chunks_follow_the_widest_layer(monkeypatch):
+    """A one-sample pass measures the widest layer output (N x 8 hidden units here), then
+    passes hold CHUNK_ELEMENTS of it."""
+    predict_module = sys.modules["pyro_dropout.infer.predict"]  # the package exports the function
+    model, guide, x, _ = _regression()  # hidden width 8 (see _regression)
+    widest = N * 8
+    calls = []
+    monkeypatch.setitem(predict_module.CHUNK_ELEMENTS, "cpu", 3 * widest)
+    pred = predict(model, _counting(guide, calls), x, num_samples=10, seed=5)
+    assert pred.samples.shape == (10, N, 1)
+    assert len(calls) == 1 + 3  # the probe, then 9 samples in passes of 3
+    calls.clear()
+    monkeypatch.setitem(predict_module.CHUNK_ELEMENTS, "cpu", 2**20)
+    predict(model, _counting(guide, calls), x, num_samples=10, seed=5)
+    assert len(calls) == 2  # the probe, then the other nine in one pass
+
+
+def test_chunk_size_must_be_positive():
     model, guide, x, _ = _regression()
-    a = predict(model, guide, x, num_samples=9, seed=5)
-    b = predict(model, guide, x, num_samples=9, chunk_size=9, seed=5)
-    assert torch.equal(a.samples, b.samples)
+    with pytest.raises(ValueError, match="chunk_size must be at least 1"):
+        predict(model, guide, x, num_samples=4, chunk_size=0)
 
 
 def test_seed_makes_predictions_reproducible():
