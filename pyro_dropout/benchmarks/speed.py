@@ -9,10 +9,14 @@ Workloads (from the project's speed issue):
 
 For each workload it times one training step (forward + backward + optimiser step) of a plain
 ``nn.Dropout`` MLP and of each guide with local reparameterisation through ``pyro.infer.SVI``
-(``MeanFieldELBO``, the ``TraceMeanField_ELBO`` estimator ``fit`` uses, with ``fit``'s default optimiser, one fused Adam), once eager and once compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``), and one ``predict`` call (T = 100 samples, 1,000 points) against a
-plain-PyTorch loop of T dropout forwards. Methods are interleaved in rounds and each is
-summarised by the median of its per-round times; the table reports ratios to the plain
-baseline of the same workload measured in the same rounds, so machine noise largely cancels.
+with ``fit``'s defaults (``MeanFieldELBO``, the ``TraceMeanField_ELBO`` estimator, and one fused
+Adam), once eager and once compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``); and
+``predict`` (T = 100 samples, 1,000 points; per-example pre-activations, the default, and weight
+draws, ``local_reparameterization=False``) against a plain-PyTorch loop of T dropout forwards.
+Methods are interleaved in rounds and each is summarised by the median of its per-round times;
+the table reports ratios to the plain baseline of the same workload measured in the same
+rounds, so machine noise largely cancels. Run it on an otherwise idle machine: busy cores make
+torch's threads wait on each other and the ratios meaningless.
 """
 
 import argparse
@@ -43,6 +47,9 @@ WORKLOADS = {
 
 #: Label suffix of the steps compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``).
 JIT_SUFFIX = " (jit)"
+#: Label suffix of ``predict(..., local_reparameterization=False)``: one weight draw per pass
+#: (dropout masks shared by the points of a pass) instead of per-example pre-activations.
+WEIGHTS_SUFFIX = " (weight draws)"
 
 TARGETS = {  # ratio to the plain nn.Dropout MLP
     ("AutoDropout", "W1"): 3.0,
@@ -169,6 +176,9 @@ def run(quick=False, rounds=None, seed=0):
         methods["predict (AutoDropout)"] = lambda m=model, g=guide, xp=x_pred: predict(
             m, g, xp, num_samples=pred_samples
         )
+        methods[f"predict (AutoDropout){WEIGHTS_SUFFIX}"] = lambda m=model, g=guide, xp=x_pred: (
+            predict(m, g, xp, num_samples=pred_samples, local_reparameterization=False)
+        )
         times = {k: [] for k in methods}
         for fn in methods.values():  # warm-up
             _timeit(fn, 3)
@@ -183,7 +193,10 @@ def run(quick=False, rounds=None, seed=0):
                 ratios[cls + suffix] = (
                     med[f"{cls} + LRT step{suffix}"] / med["plain nn.Dropout step"]
                 )
-        ratios["predict"] = med["predict (AutoDropout)"] / med["plain dropout predict loop"]
+        for suffix in ("", WEIGHTS_SUFFIX):
+            ratios["predict" + suffix] = (
+                med[f"predict (AutoDropout){suffix}"] / med["plain dropout predict loop"]
+            )
         results[wname] = {"median_seconds": med, "ratios": ratios, "workload": w}
     return {
         "settings": {
@@ -217,10 +230,12 @@ def markdown(report):
         (cls, suffix)
         for cls in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
         for suffix in ("", JIT_SUFFIX)
-    ] + [("predict", "")]
+    ] + [("predict", ""), ("predict", WEIGHTS_SUFFIX)]
     for method, suffix in methods:
         if method == "predict":
-            label = "predict, T=100"
+            label = "predict, T=100" + (
+                ", weight draws" if suffix else ", per-example pre-activations (default)"
+            )
         else:
             label = f"{method} + LRT, training step{' (JIT)' if suffix else ' (eager)'}"
         row = [label]

@@ -13,7 +13,8 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     for w in ("W1", "W2"):
         ratios = report["results"][w]["ratios"]
         guides = ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
-        expected = {g + s for g in guides for s in ("", speed.JIT_SUFFIX)} | {"predict"}
+        expected = {g + s for g in guides for s in ("", speed.JIT_SUFFIX)}
+        expected |= {"predict", "predict" + speed.WEIGHTS_SUFFIX}
         assert set(ratios) == expected
         assert all(r > 0 for r in ratios.values())
     text = md.read_text()
