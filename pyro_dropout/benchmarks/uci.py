@@ -493,6 +493,51 @@ def _fmt(mean, se):
     return f"{mean:.4g} ± {se:.2g}"
 
 
+def _within(ours, anchor, higher_is_better):
+    """✅ when our mean is better than the anchor's or within one standard error of the
+    difference, ``sqrt(se² + se_anchor²)`` (the two runs are independent), ❌ otherwise."""
+    (m, se), (a, a_se) = ours, anchor
+    diff = m - a
+    better = diff > 0 if higher_is_better else diff < 0
+    ok = better or abs(diff) <= math.hypot(se, a_se)
+    return f"{'✅' if ok else '❌'} {diff:+.3g}", ok
+
+
+def _targets(summary, guides):
+    """The issue's targets, per dataset: the dropout guide against the 2018 anchor (RMSE and
+    LL), and whether the best of our guides beats the anchor's LL."""
+    header = "| dataset | dropout RMSE vs anchor | dropout LL vs anchor | best LL of ours | beats anchor LL |"
+    lines = ["", "## Targets", "", header, "| --- | --- | --- | --- | --- |"]
+    wins = 0
+    for name, entry in summary["datasets"].items():
+        anchor = entry["published"].get("mc_dropout_2018")
+        got = {g: entry["guides"][g] for g in guides if g in entry["guides"]}
+        if anchor is None or not got:
+            continue
+        row = [name]
+        drop = got.get("dropout")
+        for metric, higher in (("rmse", False), ("ll", True)):
+            if drop is None:
+                row.append("–")
+            else:
+                row.append(
+                    _within((drop[metric]["mean"], drop[metric]["se"]), anchor[metric], higher)[0]
+                )
+        best = max(got, key=lambda g: got[g]["ll"]["mean"])
+        beats = got[best]["ll"]["mean"] > anchor["ll"][0]
+        wins += beats
+        dagger = " †" if got[best]["reduced"] else ""
+        row += [f"{best}: {got[best]['ll']['mean']:.4g}{dagger}", "yes" if beats else "no"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        f"Best of our guides beats the anchor's LL on {wins} dataset(s) of those shown. "
+        "✅ = better than the anchor or within one standard error of the difference, "
+        "sqrt(SE_ours² + SE_anchor²); the signed number is ours minus the anchor.",
+    ]
+    return lines
+
+
 def markdown(summary, guides):
     """Markdown report: RMSE and LL tables (ours + published), wall time and throughput."""
     pub_cols = list(PUBLISHED_COLUMNS)
@@ -528,6 +573,7 @@ def markdown(summary, guides):
             lines.append("| " + " | ".join(row) + " |")
     if notes:
         lines += ["", "Reduced budgets (†):", ""] + [f"- {n}" for n in notes]
+    lines += _targets(summary, guides)
     lines += ["", "## Hyper-parameters searched (chosen per split by validation LL)", ""]
     lines += [f"- **{g}**: {um.GUIDES[g].description}." for g in guides]
     lines += ["", "Chosen configurations (count over splits):", ""]

@@ -80,6 +80,7 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
     assert "| yacht |" in md and "†" in md and "0.6663" in md  # ours next to the anchor
     for guide in GUIDES:
         assert f"ours: {guide}" in md
+    assert "## Targets" in md and "| yacht | " in md.split("## Targets")[1]
 
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")}
     t0 = time.perf_counter()
@@ -256,3 +257,17 @@ def test_embedded_published_numbers_match_the_markdown(data_dir):
             assert pub[col]["rmse"] == others[i]
             assert pub[col]["ll"] == others[i + 4]
     assert len(rows) == 9
+
+
+@pytest.mark.parametrize(
+    "ours, anchor, higher, ok",
+    [
+        ((1.0, 0.1), (1.1, 0.1), False, True),  # better RMSE
+        ((1.2, 0.1), (1.1, 0.05), False, True),  # 0.1 worse, SE of the difference 0.112
+        ((1.3, 0.1), (1.1, 0.05), False, False),  # 0.2 worse
+        ((-1.30, 0.02), (-1.25, 0.02), True, False),  # LL 0.05 worse, SE 0.028
+        ((-1.27, 0.02), (-1.25, 0.02), True, True),
+    ],
+)
+def test_target_check_uses_the_standard_error_of_the_difference(ours, anchor, higher, ok):
+    assert uci._within(ours, anchor, higher)[1] is ok
