@@ -3,13 +3,14 @@ r"""UCI regression benchmark on the PBP / MC-dropout splits, for the three guide
     python -m pyro_dropout.benchmarks.uci --data-dir ../shared/data/uci --out uci-results \
         [--datasets yacht,bostonHousing,...] [--guides dropout,meanfield,vd] [--quick] \
         [--splits 0,1,...] [--epochs N] [--mc-samples T] [--val-mc-samples T] \
-        [--split-batch K] [--threads 1] [--resume] [--estimate]
+        [--split-batch K] [--threads 1] [--resume] [--estimate] [--report-only]
 
 Outputs under ``--out``: ``units/<dataset>/<guide>/split_<k>.json`` (one per finished split:
 every number, the settings, the validation scores of every configuration, the chosen
 hyper-parameters, wall times) and ``split_<k>.val.json`` (the validation phase, so a resumed
 run does not repeat it), ``summary.json`` and ``results.md`` (our guides next to the published
-columns; reduced budgets marked †). ``--estimate`` only times a few training steps and one
+columns; reduced budgets marked †). ``--report-only`` trains nothing and rewrites ``summary.json`` and ``results.md`` from the
+finished units (pending datasets appear as "–"). ``--estimate`` only times a few training steps and one
 Monte-Carlo chunk per phase and writes ``projection.json``/``projection.md`` with the projected
 wall time of the full protocol.
 
@@ -731,6 +732,12 @@ def _parser():
     )
     p.add_argument("--resume", action="store_true", help="skip units whose JSON files exist")
     p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: summarise the finished units under --out into summary.json and "
+        "results.md (e.g. after a run that spanned several sittings)",
+    )
+    p.add_argument(
         "--estimate", action="store_true", help="only time the phases and project the full run"
     )
     p.add_argument("--quiet", action="store_true")
@@ -777,6 +784,8 @@ def run(args, datasets, per_ds):
     out.mkdir(parents=True, exist_ok=True)
     elapsed = {}
     for ds in datasets:
+        if getattr(args, "report_only", False):
+            break
         t0 = time.perf_counter()
         for guide in args.guide_names:
             run_dataset_guide(ds, guide, per_ds[ds.name], args)

@@ -271,3 +271,18 @@ def test_embedded_published_numbers_match_the_markdown(data_dir):
 )
 def test_target_check_uses_the_standard_error_of_the_difference(ours, anchor, higher, ok):
     assert uci._within(ours, anchor, higher)[1] is ok
+
+
+def test_report_only_summarises_without_training(data_dir, tmp_path):
+    out = tmp_path / "uci"
+    base = ["--data-dir", str(data_dir), "--out", str(out), "--quick", "--quiet"]
+    uci.main(base + ["--datasets", "yacht", "--guides", "vd"])
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")}
+    t0 = time.perf_counter()
+    summary = uci.main(base + ["--datasets", "yacht,bostonHousing", "--report-only"])
+    assert time.perf_counter() - t0 < 5
+    assert {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")} == mtimes
+    assert set(summary["datasets"]["yacht"]["guides"]) == {"vd"}
+    assert summary["datasets"]["bostonHousing"]["guides"] == {}
+    md = (out / "results.md").read_text()
+    assert "| bostonHousing | – | – | – |" in md
