@@ -13,7 +13,11 @@ from .guides import (
     init_to_fan_in,
     init_to_module,
 )
-from .handlers import local_reparameterization, register_local_reparameterization
+from .handlers import (
+    local_reparameterization,
+    register_local_reparameterization,
+    weight_draws,
+)
 from .infer import Prediction, fit, gal_tau, gal_weight_decay, predict
 from .nn import (
     BayesianConv1d,
@@ -65,4 +69,5 @@ __all__ = [
     "predict",
     "register_local_reparameterization",
     "to_inference_data",
+    "weight_draws",
 ]

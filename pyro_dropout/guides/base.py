@@ -86,6 +86,24 @@ class AutoWeightGuide(AutoGuide):
         return msg["type"] != "sample" or site_is_subsample(msg)
 
     def _setup_prototype(self, *args, **kwargs):
+        try:
+            self._build_from_prototype(*args, **kwargs)
+        except BaseException:
+            # Leave no half-built guide behind: the next call starts again from scratch
+            # (Pyro's AutoGuide would skip the set-up and fail with KeyError on every call).
+            self._reset_prototype()
+            raise
+
+    def _reset_prototype(self):
+        self.prototype_trace = None
+        for group in self._PARAM_GROUPS:
+            if hasattr(self, group):
+                delattr(self, group)
+
+    #: Attribute names of the PyroModules that hold per-site parameters.
+    _PARAM_GROUPS = ("locs", "scales", "log_sigma2", "log_alphas")
+
+    def _build_from_prototype(self, *args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
         self._init_device = tensors[0].device if tensors else None
         super()._setup_prototype(*args, **kwargs)
@@ -107,9 +125,14 @@ class AutoWeightGuide(AutoGuide):
                     )
                 if frame.full_size is not None and frame.full_size != frame.size:
                     raise NotImplementedError(
-                        f"{type(self).__name__}: latent site {name!r} lies in the subsampled "
-                        f"plate {frame.name!r}; local latent variables are not supported (these "
-                        "guides handle global latents such as weights)"
+                        f"{type(self).__name__}: latent site {name!r} is sampled inside the "
+                        f"subsampled plate {frame.name!r}, which makes it a local latent "
+                        f"variable (one value per row); these guides handle global latents "
+                        f"such as weights. Sample the weights outside the plate: e.g. read "
+                        f"the PyroSample attributes (or call pyro.sample for {name!r}) before "
+                        f"entering pyro.plate({frame.name!r}, ...), or use this library's "
+                        "layers (BayesianLinear, bayesianize), which draw their weights outside "
+                        "subsampled plates."
                     )
             self._event_dims[name] = site["fn"].event_dim
             init_mean = site["value"].detach()

@@ -87,9 +87,9 @@ class AutoDropout(AutoWeightGuide):
             "learn_scale": self.learn_scale,
         }
 
-    def _setup_prototype(self, *args, **kwargs):
+    def _build_from_prototype(self, *args, **kwargs):
         self._rates = {}
-        super()._setup_prototype(*args, **kwargs)
+        super()._build_from_prototype(*args, **kwargs)
         if isinstance(self.dropout_rate, dict):
             unknown = sorted(set(self.dropout_rate) - set(self._rates))
             missing = sorted(n for n, p in self._rates.items() if p is None)

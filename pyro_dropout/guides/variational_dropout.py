@@ -97,9 +97,9 @@ class AutoVariationalDropout(AutoWeightGuide):
             "log_alpha_clip": list(LOG_ALPHA_CLIP),
         }
 
-    def _setup_prototype(self, *args, **kwargs):
+    def _build_from_prototype(self, *args, **kwargs):
         self._weights = set()
-        super()._setup_prototype(*args, **kwargs)
+        super()._build_from_prototype(*args, **kwargs)
 
     def _init_real_site(self, name, site, init_mean):
         n = init_mean.dim()

@@ -1,11 +1,21 @@
-"""Pyro effect handlers: local reparameterisation of Bayesian layers."""
+"""Pyro effect handlers: local reparameterisation of Bayesian layers and of the linear and
+convolution operations of any Pyro model."""
 
-from .lrt_messenger import LocalReparameterizationMessenger, local_reparameterization
+from .guided_value import GuidedValue
+from .lrt_messenger import (
+    LocalReparameterizationMessenger,
+    LocalReparameterizationWarning,
+    local_reparameterization,
+    weight_draws,
+)
 from .registry import lookup_rule, register_local_reparameterization
 
 __all__ = [
+    "GuidedValue",
     "LocalReparameterizationMessenger",
+    "LocalReparameterizationWarning",
     "local_reparameterization",
     "lookup_rule",
     "register_local_reparameterization",
+    "weight_draws",
 ]

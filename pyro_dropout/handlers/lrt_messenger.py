@@ -6,36 +6,68 @@ can sample ``b`` directly with independent noise per example. The estimator has 
 expectation as weight sampling and a much lower variance (the noise is no longer shared across
 the minibatch).
 
-Design: the Bayesian layers call the effectful op :func:`~pyro_dropout.nn.functional.bayesian_layer`
-with the *site names* of their weight and bias. Under this messenger, every latent sample site
-that is drawn fresh (the guide's draw in SVI and in ``Predictive``; the prior's when no guide
-is replayed) records its distribution by name; the layer op is then answered by a rule
-registered for that distribution family (:func:`register_local_reparameterization`), instead of
-by the weights. No tensor identity and no monkey-patching of ``torch.nn.functional``.
+Design. Under this messenger every latent sample site that is drawn fresh (the guide's draw in
+SVI and in ``Predictive``; the prior's when no guide is replayed) records its distribution by
+name. The operations that consume a weight are then answered by a rule registered for that
+family (:func:`register_local_reparameterization`) instead of by the drawn weights:
+
+* the library's layers call the effectful op :func:`~pyro_dropout.nn.functional.bayesian_layer`
+  with the site names of their weight and bias;
+* any other code (``PyroModule[nn.Linear]``, ``PyroModule[nn.Conv2d]``, a functional model's
+  ``x @ w.T``) receives at each guided site a :class:`~pyro_dropout.handlers.guided_value.GuidedValue`,
+  an alias of the drawn tensor whose linear, matmul and convolution operations are routed here.
+
+Nothing is monkey-patched. A weight that reaches an operation without a rule (an elementwise
+use, an unsupported op, a family without a rule) is used as drawn, and the messenger warns once
+per site naming the site and the operation (``strict=True`` raises instead).
+
+The innermost messenger of this class decides: :func:`weight_draws` (``estimator="weights"``)
+inside a ``local_reparameterization()`` block gives weight draws again, broadcast over sample
+dimensions, which is how code that promises weight draws (``predict(...,
+local_reparameterization=False)``, the ArviZ export) protects itself from an enclosing context.
 """
 
 import copy
+import warnings
 
 import torch
 from pyro.distributions import Delta
 from pyro.poutine.messenger import Messenger
-from torch.distributions import Independent, Normal
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.util import site_is_subsample
+from torch.distributions import Independent, Normal, constraints
+from torch.nn.modules.utils import _pair, _single
 
-from ..nn.functional import LinearSpec, add_bias, unexpand
+from ..nn.functional import ConvSpec, LinearSpec, add_bias, align_to_frames, unexpand
+from .guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import lookup_rule, register_local_reparameterization
 
 __all__ = [
     "LocalReparameterizationMessenger",
+    "LocalReparameterizationWarning",
     "local_reparameterization",
     "register_local_reparameterization",
+    "weight_draws",
 ]
+
+ESTIMATORS = ("lrt", "weights")
+
+
+class LocalReparameterizationWarning(UserWarning):
+    """A guided weight site was used without local reparameterisation (see the message)."""
 
 
 def _strip(fn):
     while isinstance(fn, Independent):
         fn = fn.base_dist
     return fn
+
+
+def _is_real(support):
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real or type(support) is type(constraints.real)
 
 
 def _align_batch(fn, batch_shape):
@@ -62,29 +94,62 @@ def _align_batch(fn, batch_shape):
 
 
 class LocalReparameterizationMessenger(Messenger):
-    """Pyro messenger under which Bayesian layers sample pre-activations (see module docs).
+    """Pyro messenger under which the operations consuming guided weights sample
+    pre-activations (see the module docs). Use it through :func:`local_reparameterization`
+    or :func:`weight_draws`.
 
-    Use through :func:`local_reparameterization` as a context manager or decorator. Sites whose
-    family has no registered rule raise an error naming the fix; layers whose weights were set
-    by conditioning with no fresh draw seen in this context use their weights as usual.
+    :param str estimator: ``"lrt"`` (local reparameterisation) or ``"weights"`` (the drawn
+        weights, with linear and convolution operations broadcast over their sample dims).
+    :param bool strict: raise ``NotImplementedError`` instead of warning when a guided weight
+        is used without a rule.
 
     Caveat: inside one context, the *latest* fresh draw at a site defines its distribution. A
     model later run with conditioned weights (``poutine.condition``,
     ``Predictive(posterior_samples=...)``) in the same context still samples from that
-    distribution, not from the given weights; run such code outside the context. (Sequential
-    ``Predictive(guide=...)`` conditions the model on guide draws and relies on exactly this.)
+    distribution, not from the given weights; run such code outside the context or inside
+    :func:`weight_draws`. (Sequential ``Predictive(guide=...)`` conditions the model on guide
+    draws and relies on exactly this.)
     """
 
-    def __init__(self):
+    def __init__(self, estimator="lrt", strict=False):
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         super().__init__()
+        self.estimator = estimator
+        self.strict = bool(strict)
+        self._reset()
+
+    def _reset(self):
         self._dists = {}
         self._fresh = set()
+        self._warned = set()
+        self._generation = {}  # site -> count of values drawn for the model (reuse detection)
+        self._last_use = {}  # site -> generation of its last rule-answered use
+        self._active = False
+        #: Elements of the largest layer output answered here (sizes prediction passes).
+        self.widest_output = 0
+
+    @property
+    def jit_key(self):
+        """What a compiled loss depends on (see :class:`~pyro_dropout.infer.JitMeanFieldELBO`)."""
+        return (type(self), self.estimator)
 
     def __enter__(self):
-        self._dists = {}
-        self._fresh = set()
+        self._reset()
+        self._active = True
         return super().__enter__()
 
+    def __exit__(self, *args):
+        self._active = False
+        return super().__exit__(*args)
+
+    def _is_innermost(self):
+        for m in reversed(_PYRO_STACK):
+            if isinstance(m, LocalReparameterizationMessenger):
+                return m is self
+        return False
+
+    # -- recording draws -------------------------------------------------------------------
     def _pyro_sample(self, msg):
         # A value already set here was replayed (the model half of SVI/Predictive) or
         # observed; only fresh draws say which distribution the weights come from.
@@ -94,25 +159,92 @@ class LocalReparameterizationMessenger(Messenger):
     def _pyro_post_sample(self, msg):
         # Record after every handler has run, so plates entered outside this one have
         # broadcast the distribution too.
-        if id(msg) in self._fresh:
-            self._fresh.discard(id(msg))
-            self._dists[msg["name"]] = msg["fn"]
-
-    def _pyro_bayesian_layer(self, msg):
-        weight_fn = self._dists.get(msg["name"])
-        if weight_fn is None:
+        fresh = id(msg) in self._fresh
+        self._fresh.discard(id(msg))
+        if site_is_subsample(msg) or msg["infer"].get("is_auxiliary"):
             return
+        name = msg["name"]
+        if fresh:
+            self._dists[name] = msg["fn"]
+        if name not in self._dists:
+            return
+        value, fn = msg["value"], msg["fn"]
+        if not (torch.is_tensor(value) and value.is_floating_point()):
+            return
+        event_dim = fn.event_dim
+        if event_dim < 1 or not _is_real(fn.support):
+            return
+        self._generation[name] = self._generation.get(name, 0) + 1
+        if self._is_innermost():
+            value = plain(value)
+            laid_out = align_to_frames(value, event_dim, msg["cond_indep_stack"])
+            site = SiteRecord(name, event_dim, self, len(_PYRO_STACK), laid_out)
+            msg["value"] = wrap(value, site)
+
+    # -- answering operations --------------------------------------------------------------
+    def _pyro_bayesian_layer(self, msg):
+        if msg["done"] or not self._is_innermost():
+            return  # an inner messenger of this class answered (or will)
         x, weight, bias = msg["args"]
         spec = msg["kwargs"]["spec"]
+        name = msg["name"]
+        fn = self._dists.get(name)
+        event = None if fn is None else len(fn.event_shape)
+        msg["value"] = self._answer(
+            name, x, plain(weight), event, plain(bias), msg["kwargs"].get("bias_name"), spec
+        )
+        msg["done"] = True
+
+    def answer_linear(self, x, w, bias, transposed_layout):
+        """``F.linear`` / ``matmul`` of ``x`` with the guided value ``w`` (called by
+        :class:`~pyro_dropout.handlers.guided_value.GuidedValue`)."""
+        site = w._pd_site
+        spec = LinearSpec(transposed=transposed_layout, vector=site.event_dim == 1)
+        return self._answer_op(x, site, bias, spec)
+
+    def answer_conv(self, x, w, bias, ndim, stride, padding, dilation, groups):
+        """``F.conv1d`` / ``F.conv2d`` of ``x`` with the guided kernel ``w``."""
+        site = w._pd_site
+        if site.event_dim != ndim + 2:
+            fn = torch.conv1d if ndim == 1 else torch.conv2d
+            return fn(x, laid_out(w), laid_out(bias), stride, padding, dilation, groups)
+        tup = _single if ndim == 1 else _pair
+        padding = padding if isinstance(padding, str) else tup(padding)
+        spec = ConvSpec(ndim, tup(stride), padding, tup(dilation), groups)
+        return self._answer_op(x, site, bias, spec)
+
+    def _answer_op(self, x, site, bias, spec):
+        bias_value = laid_out(bias)
+        if not self._active:  # the value outlived its context: plain weights
+            return add_bias(spec(x, site.value), bias_value, spec)
+        bias_name = bias._pd_site.name if _is_guided(bias) else None
+        return self._answer(
+            site.name, x, site.value, site.event_dim, bias_value, bias_name, spec, site
+        )
+
+    def _answer(self, name, x, weight, event_dim, bias, bias_name, spec, site=None):
+        out = None
+        if self.estimator == "lrt":
+            out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec, site)
+        if out is None:  # weight draws, broadcast over their sample dims
+            out = add_bias(spec(x, weight), bias, spec)
+        self.widest_output = max(self.widest_output, out.numel())
+        return out
+
+    def _lrt(self, name, x, weight, event_dim, bias, bias_name, spec, site):
+        weight_fn = self._dists.get(name)
+        if weight_fn is None:
+            return None  # weights set by conditioning with no fresh draw here: use them
         base = _strip(weight_fn)
         rule = lookup_rule(base)
         if rule is None:
-            raise NotImplementedError(_no_rule_message(msg["name"], base))
+            self._report(name, _no_rule_message(name, base), key=("rule", name))
+            return None
         base = _align_batch(base, weight.shape[: weight.dim() - len(base.event_shape)])
         if base is None:
-            return
+            return None
+        self._check_reuse(name, site)
         out = rule(base, x, spec)
-        bias_name = msg["kwargs"].get("bias_name")
         bias_fn = None if bias_name is None else self._dists.get(bias_name)
         bias_base = None
         if bias is not None and bias_fn is not None:
@@ -142,8 +274,51 @@ class LocalReparameterizationMessenger(Messenger):
             if bias_base is not None:
                 bias = bias_base.loc + bias_base.scale * _randn_like(out, bias_base.loc, spec)
             out = add_bias(out, bias, spec)
-        msg["value"] = out
-        msg["done"] = True
+        return out
+
+    # -- reporting -------------------------------------------------------------------------
+    def _check_reuse(self, name, site):
+        gen = self._generation.get(name)
+        if gen is not None and self._last_use.get(name) == gen:
+            self._report(
+                name,
+                f"local_reparameterization: weight site {name!r} is used by more than one "
+                "operation in one run of the model (shared weights, e.g. an unrolled RNN). "
+                "Each use samples its pre-activations independently, so the uses do not see "
+                "one common weight draw as under q. Use pyro_dropout.weight_draws() around "
+                "this model (exact, noisier), or keep the weights unshared.",
+                key=("reuse", name),
+            )
+        self._last_use[name] = gen
+
+    def unsupported_use(self, site, op_name):
+        """A guided value met an operation without a rule: warn once per weight site (or raise
+        when ``strict``). Uses after the model returned (the ELBO's log densities, stacking
+        of samples) and uses of vectors such as biases (drawn values, as sampled) are fine."""
+        if not self._active or len(_PYRO_STACK) < site.depth or site.event_dim < 2:
+            return
+        if self.estimator != "lrt":
+            return
+        self._report(
+            site.name,
+            f"local_reparameterization: weight site {site.name!r} is used by {op_name}, which "
+            "has no local-reparameterisation rule; there it is one weight draw shared by the "
+            "whole minibatch (correct, but without the variance reduction). Rules exist for "
+            "F.linear (PyroModule[nn.Linear]), x @ w.T, x @ w, torch.matmul/mm with the weight "
+            "on the right, and F.conv1d/conv2d. Pass strict=True to make this an error.",
+            key=("op", site.name),
+        )
+
+    def _report(self, name, message, key):
+        if self.strict:
+            raise NotImplementedError(message)
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, LocalReparameterizationWarning, stacklevel=4)
+
+
+def _is_guided(t):
+    return hasattr(t, "_pd_site")
 
 
 def _randn_like(out, loc, spec):
@@ -157,21 +332,25 @@ def _no_rule_message(name, fn):
     if isinstance(fn, Delta):
         return (
             f"local_reparameterization: the guide put a Delta at weight site {name!r}, which "
-            "has no variance to reparameterise. Pyro's AutoNormal/AutoDelta/AutoNormalMessenger "
-            "emit a Delta at each site (plus an auxiliary Normal); use pyro_dropout.AutoMeanField "
-            "(or AutoDropout / AutoVariationalDropout), which put the variational distribution "
-            "at the site itself, or fit without local_reparameterization."
+            "has no variance to reparameterise, so its weights are used as drawn. Pyro's "
+            "AutoNormal/AutoDelta/AutoNormalMessenger emit a Delta at each site (plus an "
+            "auxiliary Normal); use pyro_dropout.AutoMeanField (or AutoDropout / "
+            "AutoVariationalDropout), which put the variational distribution at the site "
+            "itself, or fit without local_reparameterization."
         )
     return (
         f"local_reparameterization: no rule for the {type(fn).__name__} distribution at weight "
-        f"site {name!r}. Register one with "
+        f"site {name!r}, so its weights are used as drawn. Register one with "
         "pyro_dropout.handlers.register_local_reparameterization, or fit without "
         "local_reparameterization."
     )
 
 
-def local_reparameterization(fn=None):
-    """Sample pre-activations instead of weights in every Bayesian layer (Kingma et al. 2015).
+def local_reparameterization(fn=None, *, strict=False):
+    """Sample pre-activations instead of weights wherever a guided weight meets a linear or
+    convolution operation (Kingma et al. 2015): in the library's layers, in
+    ``PyroModule[nn.Linear]`` / ``PyroModule[nn.Conv1d/2d]``, and in functional models
+    (``F.linear``, ``x @ w.T``, ``x @ w``, ``torch.matmul``, ``F.conv1d/2d``).
 
     Usable as a context manager or a decorator, around ``svi.step``, ``Predictive`` or any code
     that runs a guide then the model::
@@ -181,6 +360,20 @@ def local_reparameterization(fn=None):
                 svi.step(x, y)
 
         predictive = local_reparameterization(Predictive(model, guide=guide, num_samples=100))
+
+    Never silent: a guided weight used by another operation, a family without a rule (e.g. the
+    Delta of Pyro's ``AutoNormal``) or a weight used twice in one run triggers a
+    :class:`LocalReparameterizationWarning` once per site; ``strict=True`` raises
+    ``NotImplementedError`` instead.
     """
-    msngr = LocalReparameterizationMessenger()
+    msngr = LocalReparameterizationMessenger(estimator="lrt", strict=strict)
+    return msngr(fn) if fn is not None else msngr
+
+
+def weight_draws(fn=None):
+    """Use the drawn weights (no local reparameterisation), even inside an enclosing
+    :func:`local_reparameterization` block; linear and convolution operations on guided
+    weights broadcast over the weights' sample dimensions (so ``PyroModule[nn.Linear]``
+    models vectorise in ``Predictive(parallel=True)``)."""
+    msngr = LocalReparameterizationMessenger(estimator="weights")
     return msngr(fn) if fn is not None else msngr

@@ -18,7 +18,7 @@ from torch.distributions import Normal
 
 from .._broadcast import broadcast_shape
 from ..distributions import BernoulliMaskedNormal
-from ..nn.functional import ConvSpec, unexpand
+from ..nn.functional import ConvSpec, LinearSpec, unexpand
 from .registry import register_local_reparameterization
 
 __all__ = ["GaussianPreactivation", "sample_gaussian_preactivation"]
@@ -48,7 +48,7 @@ def _is_uniform(t):
 
 def _noise_variance(x, scale, spec):
     """``op(x², σ²)``; for a Linear layer with one shared σ it is ``σ² Σ_i x_i²``."""
-    if _is_uniform(scale) and not isinstance(spec, ConvSpec):
+    if _is_uniform(scale) and isinstance(spec, LinearSpec) and not spec.vector:
         return scale.reshape(-1)[0] ** 2 * (x * x).sum(-1, keepdim=True)
     return spec(x * x, scale * scale)
 
@@ -78,6 +78,14 @@ def _input_keep_prob(fn, spec):
 
 @register_local_reparameterization(BernoulliMaskedNormal)
 def _lrt_bernoulli_masked_normal(fn, x, spec):
+    if isinstance(spec, LinearSpec) and spec.transposed:
+        # Weight stored (in, out) and used as ``x @ W``: the mask, shared along the first
+        # event dim, zeroes whole output columns, so it multiplies the outputs per example.
+        mean = spec(x, fn.loc)
+        keep = 1.0 - fn.dropout_rate.select(-fn.event_dim, 0)
+        shape = broadcast_shape(mean.shape, keep.shape)
+        mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
+        return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
     keep = _input_keep_prob(fn, spec)
     shape = broadcast_shape(x.shape, keep.shape)
     # A float 0/1 mask made in place (``lt_`` keeps the dtype): a bool mask would be

@@ -174,7 +174,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
             id(guide),
             tuple(_signature(a) for a in args),
             tuple(sorted((k, _signature(v)) for k, v in kwargs.items())),
-            tuple(type(m) for m in _PYRO_STACK),
+            tuple(getattr(m, "jit_key", type(m)) for m in _PYRO_STACK),
         )
         fn = self._compiled.get(key)
         if fn is None:

@@ -1,35 +1,29 @@
 """Fitting a model and guide with plain ``pyro.infer.SVI``."""
 
 import contextlib
-import inspect
 import math
 
 import pyro
-import torch
 from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
+from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
+from .data import as_model_input
 from .elbo import JitMeanFieldELBO, MeanFieldELBO
+from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
 
 __all__ = ["fit"]
-
-
-def _accepts_num_data(model):
-    fn = model.forward if isinstance(model, torch.nn.Module) else model
-    try:
-        return "num_data" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def fit(
     model,
     guide,
     x,
-    y,
+    y=None,
     num_steps=None,
     num_epochs=None,
     batch_size=None,
@@ -48,11 +42,26 @@ def fit(
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
     analytic KLs where registered, without computing the log densities those make unused).
 
+    Any Pyro model called as ``model(x, y)`` works: this library's models, ``PyroModule``
+    networks, functional models.
+
+    :param x: inputs, one row per observation: a tensor or numpy array (floating values are
+        cast to the model's dtype, see :mod:`pyro_dropout.infer.data`), a
+        ``torch.utils.data.Dataset`` of ``(x, y)`` pairs, or a ``DataLoader`` yielding
+        ``(x, y)`` batches (then no ``y`` and no ``batch_size``).
+    :param y: targets, one row per row of ``x`` (None for a Dataset or DataLoader). All rows
+        are checked before the first step: finite values and, for a discrete observed site,
+        values in its support (e.g. class labels below the number of classes); the error
+        names the argument and the first bad row. Streamed batches are checked during the
+        first epoch.
     :param num_steps: number of gradient steps, or
     :param num_epochs: number of passes over the data (``ceil(N / batch_size)`` steps each).
     :param batch_size: minibatch size; ``None`` uses all data each step. Minibatches are drawn
-        without replacement each epoch and the model is called with ``num_data=N`` so the
-        likelihood is scaled by ``N/B`` (one full KL per pass over the data).
+        without replacement each epoch and the likelihood is scaled by ``N/B`` (one full KL per
+        pass over the data): through ``num_data=N`` for models that take it (this library's),
+        by scaling the observed sites otherwise, and through the indices of the model's own
+        subsampled plate when it has one (``batch_size`` is then its ``subsample_size``); see
+        :mod:`pyro_dropout.infer.minibatch`.
     :param optim: a Pyro optimiser; default ``fused_adam({"lr": lr})`` (the same Adam update
         as ``pyro.optim.Adam({"lr": lr})``, one multi-tensor optimiser for all parameters:
         :class:`~pyro_dropout.infer.FusedOptim`).
@@ -85,25 +94,18 @@ def fit(
     """
     if (num_steps is None) == (num_epochs is None):
         raise ValueError("pass exactly one of num_steps and num_epochs")
-    x = torch.as_tensor(x)
-    y = torch.as_tensor(y)
-    n = x.shape[0]
-    if y.shape[0] != n:
-        raise ValueError(f"x has {n} rows but y has {y.shape[0]}")
-    if batch_size is not None and not 1 <= batch_size:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size}")
-    minibatch = batch_size is not None and batch_size < n
-    if minibatch and not _accepts_num_data(model):
-        raise ValueError(
-            "minibatch training needs a model that accepts num_data=N (to scale the "
-            "likelihood by N/B); pyro_dropout's models do, or pass batch_size=None"
-        )
-    steps_per_epoch = math.ceil(n / batch_size) if minibatch else 1
-    total = num_steps if num_steps is not None else num_epochs * steps_per_epoch
-    if total < 1:
-        raise ValueError("num_steps/num_epochs must be at least 1")
+    total_arg = num_steps if num_steps is not None else num_epochs
+    name = "num_steps" if num_steps is not None else "num_epochs"
+    positive_int(total_arg, name)
+    if batch_size is not None:
+        positive_int(batch_size, "batch_size")
+    positive_int(num_particles, "num_particles")
+    if validate not in ("first", "always", "never"):
+        raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
     if seed is not None:
         pyro.set_rng_seed(seed)
+    batches = _batches(model, x, y, batch_size, jit)
+    total = num_steps if num_steps is not None else num_epochs * batches.steps_per_epoch
     optim = optim if optim is not None else fused_adam({"lr": lr})
     elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
         num_particles=num_particles,
@@ -111,28 +113,22 @@ def fit(
         max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
     )
     svi = SVI(model, guide, optim, elbo)
-    if validate not in ("first", "always", "never"):
-        raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
     losses = []
     ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
     bar = tqdm(total=total, disable=not progress, desc=f"fit {type(guide).__name__}")
-    order = None
     with ctx, bar:
         for step in range(total):
-            if minibatch:
-                k = step % steps_per_epoch
-                if k == 0:
-                    order = torch.randperm(n, device=x.device)
-                idx = order[k * batch_size : (k + 1) * batch_size]
-                args, kwargs = (x[idx], y[idx]), {"num_data": n}
-            else:
-                args, kwargs = (x, y), {}
-            checked = args[0].shape in checked_shapes
-            with pyro.validation_enabled(validating and not (checked and validate == "first")):
+            args, kwargs, scaling = batches.step(step)
+            shape = tuple(args[0].shape)
+            checked = shape in checked_shapes
+            with (
+                pyro.validation_enabled(validating and not (checked and validate == "first")),
+                scaling if scaling is not None else contextlib.nullcontext(),
+            ):
                 loss = svi.step(*args, **kwargs)
-            checked_shapes.add(args[0].shape)
+            checked_shapes.add(shape)
             losses.append(loss)
             if not math.isfinite(loss):
                 bar.close()
@@ -146,3 +142,22 @@ def fit(
             if callback is not None and callback(step, loss):
                 break
     return losses
+
+
+def _batches(model, x, y, batch_size, jit):
+    """The minibatch source for ``fit``'s data (see :mod:`pyro_dropout.infer.minibatch`)."""
+    if isinstance(x, DataLoader):
+        if y is not None or batch_size is not None:
+            raise ValueError(
+                "fit: with a DataLoader pass neither y nor batch_size (the loader yields (x, y) "
+                "batches of its own size)"
+            )
+        return LoaderBatches(model, x)
+    if isinstance(x, Dataset):
+        if y is not None:
+            raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
+        size = len(x) if batch_size is None else batch_size
+        return LoaderBatches(model, DataLoader(x, batch_size=size, shuffle=True))
+    x = as_model_input(x, model, "x")
+    y = as_model_input(y, model, "y")
+    return InMemoryBatches(model, x, y, batch_size, jit)

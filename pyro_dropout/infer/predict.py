@@ -1,53 +1,72 @@
-"""Vectorised, chunked Monte-Carlo prediction."""
+"""Monte-Carlo prediction for any Pyro model: vectorised where the model broadcasts."""
 
-import contextlib
+import math
 from dataclasses import dataclass
 
 import pyro
 import torch
-from pyro import poutine
-from pyro.poutine.messenger import Messenger
 
-from ..handlers import local_reparameterization as _lrt
+from .data import as_model_input
+from .draws import CHUNK_ELEMENTS, OBS_SAMPLE, RETURN_SITE, DistDraws, run_draws
 
-__all__ = ["predict", "Prediction"]
+__all__ = ["predict", "Prediction", "CHUNK_ELEMENTS"]
 
-#: Auto chunking keeps ``chunk * x.numel()`` under this many elements.
-#: Elements of the widest layer output per vectorised pass when ``chunk_size`` is not given.
-#: On a CPU a pass whose intermediates stay cache-sized is fastest (measured for T = 100 on
-#: 1,000 points of an 8-50-1 MLP: one pass of all 100 samples 2.2x a plain dropout loop,
-#: chunks of 20 samples = 1M elements 1.2x); a GPU wants large passes.
-CHUNK_ELEMENTS = {"cpu": 2**20, "other": 2**26}
-
-
-class _WidestLayer(Messenger):
-    """Records the largest Bayesian-layer output (in elements) of a run."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements = 0
-
-    def _pyro_post_bayesian_layer(self, msg):
-        if torch.is_tensor(msg["value"]):
-            self.elements = max(self.elements, msg["value"].numel())
+#: Draws per chunk when evaluating log densities over many draws (bounds the memory).
+_EVAL_DRAWS = 256
 
 
 @dataclass
 class Prediction:
-    """Monte-Carlo predictions of a Bayesian network.
+    """Monte-Carlo predictions: ``T`` posterior draws for ``N`` points.
 
-    :ivar samples: network outputs, shape ``(T, N, out)`` (regression: predicted
-        means ŷ_t; classification: logits).
+    :ivar samples: ``(T, N, ...)``. For the observed site (the default of :func:`predict`):
+        per draw, the mean of its distribution (regression) or its logits (classification);
+        for another site, its values.
     :vartype samples: torch.Tensor
-    :ivar likelihood: the model's likelihood module (or None for a plain Pyro model).
+    :ivar likelihood: a likelihood module, for predictions built from network outputs alone
+        (``Prediction(samples, GaussianLikelihood(tau=...))``).
+    :ivar site: the predicted site.
+    :ivar draws: the observed site's distribution per draw
+        (:class:`~pyro_dropout.infer.draws.DistDraws`), or None for a value site.
     """
 
     samples: torch.Tensor
     likelihood: object = None
+    site: str | None = None
+    draws: DistDraws | None = None
+
+    def __post_init__(self):
+        if self.draws is None and self.likelihood is not None:
+            fn = getattr(self.likelihood, "predictive_distribution", lambda f: None)(self.samples)
+            if fn is not None:
+                from .draws import _dist_params
+
+                info = _dist_params(fn)
+                if info is not None:
+                    self.draws = DistDraws(*info)
+
+    # -- the observed site's distribution --------------------------------------------------
+    def _dist(self, what):
+        if self.draws is None:
+            raise AttributeError(
+                f"{what} needs the observed site's distribution; this prediction holds the "
+                f"values of site {self.site!r} (predict(..., site=None) predicts the observed "
+                "site)"
+            )
+        return self.draws.dist()
 
     @property
     def kind(self):
-        return getattr(self.likelihood, "kind", None)
+        """``"classification"`` (a discrete observed site with enumerable support),
+        ``"regression"`` (a real-valued one), or None."""
+        if self.draws is None:
+            return getattr(self.likelihood, "kind", None)
+        d = self.draws.dist()
+        if d.has_enumerate_support:
+            return "classification"
+        if d.support.is_discrete:
+            return None
+        return "regression"
 
     def _need(self, kind, what):
         if self.kind != kind:
@@ -56,43 +75,51 @@ class Prediction:
     # -- regression ------------------------------------------------------------------------
     @property
     def mean(self):
-        """Predictive mean: ``E_t[ŷ_t]`` (regression) or mean class probabilities."""
+        """Predictive mean ``E_t[E[y | θ_t]]`` (regression), mean class probabilities
+        (classification), or the mean of a value site's draws."""
+        if self.draws is None:
+            return self.samples.mean(0)
         if self.kind == "classification":
             return self.probs
-        return self.samples.mean(0)
+        return self.draws.dist().mean.mean(0)
 
     @property
     def epistemic_variance(self):
-        """``E[ŷ²] − E[ŷ]²`` over the T passes (model uncertainty)."""
+        """Variance of ``E[y | θ_t]`` over the T draws (model uncertainty)."""
         self._need("regression", "epistemic_variance")
-        return self.samples.var(0, unbiased=False)
+        return self.draws.dist().mean.var(0, unbiased=False)
 
     @property
     def aleatoric_variance(self):
-        """Observation noise ``τ⁻¹``, broadcast to the output shape."""
+        """``E_t[Var(y | θ_t)]``: the observation noise (averaged over draws of a latent one)."""
         self._need("regression", "aleatoric_variance")
-        return torch.full_like(self.samples[0], 1.0 / self.likelihood.precision())
+        return self.draws.dist().variance.mean(0)
 
     @property
     def variance(self):
-        """Total predictive variance ``τ⁻¹ + E[ŷ²] − E[ŷ]²`` (regression); for a model
-        without a likelihood, the variance of the outputs."""
-        if self.kind == "regression":
-            return self.epistemic_variance + self.aleatoric_variance
+        """Total predictive variance (law of total variance): aleatoric + epistemic
+        (regression); ``p(1-p)`` per class (classification); the variance of a value site."""
+        if self.draws is None:
+            return self.samples.var(0, unbiased=False)
         if self.kind == "classification":
             return self.probs * (1 - self.probs)
-        return self.samples.var(0, unbiased=False)
+        return self.epistemic_variance + self.aleatoric_variance
 
     @property
     def stddev(self):
         return self.variance.sqrt()
 
     # -- classification --------------------------------------------------------------------
+    def _class_log_probs(self):
+        d = self._dist("class probabilities")
+        support = d.enumerate_support(expand=False)  # (K, 1, ..., 1)
+        return d.log_prob(support).movedim(0, -1)  # (T, N, K)
+
     @property
     def probs(self):
         """MC-averaged class probabilities, ``(N, classes)``."""
         self._need("classification", "probs")
-        return torch.softmax(self.samples, -1).mean(0)
+        return self._class_log_probs().exp().mean(0)
 
     @property
     def entropy(self):
@@ -103,21 +130,45 @@ class Prediction:
     @property
     def mutual_information(self):
         """``H[E_t p_t] − E_t H[p_t]`` (epistemic part; BALD), nats."""
-        log_p = torch.log_softmax(self.samples, -1)
+        log_p = self._class_log_probs()
         expected = -(log_p.exp() * log_p).sum(-1).mean(0)
         return self.entropy - expected
 
     # -- scores ----------------------------------------------------------------------------
-    def log_likelihood(self, y):
-        """Per-point MC predictive log density of ``y``, shape ``(N,)``.
+    def pointwise_log_likelihood(self, y):
+        """``log p(y_i | θ_t)``, shape ``(T, N)``."""
+        d0 = self._dist("log_likelihood")
+        y = _target_like(y, d0)
+        out = []
+        for start in range(0, self.draws.num_draws, _EVAL_DRAWS):
+            d = self.draws.dist(slice(start, start + _EVAL_DRAWS))
+            out.append(d.log_prob(y))
+        return torch.cat(out, 0)
 
-        Regression: :math:`\\operatorname{logsumexp}_t(-\\tfrac{τ}{2}(y-\\hat y_t)^2) - \\log T
-        - \\tfrac12\\log 2π + \\tfrac12\\log τ` (Gal & Ghahramani's test log-likelihood);
-        classification: :math:`\\log \\tfrac1T\\sum_t p_t(y)`.
-        """
-        if self.likelihood is None:
-            raise AttributeError("log_likelihood needs a model with a likelihood module")
-        return self.likelihood.log_likelihood(self.samples, torch.as_tensor(y))
+    def log_likelihood(self, y):
+        r"""Per-point MC predictive log density of ``y``, shape ``(N,)``:
+        :math:`\log \frac1T \sum_t p(y_i \mid θ_t)` (for a Gaussian with fixed τ, Gal &
+        Ghahramani's test log-likelihood)."""
+        lp = self.pointwise_log_likelihood(y)
+        return torch.logsumexp(lp, 0) - math.log(lp.shape[0])
+
+
+def _target_like(y, d):
+    """``y`` as a tensor laid out like one draw of ``d`` (rows first), on its device."""
+    y = torch.as_tensor(y)
+    shape = d.batch_shape[1:] + d.event_shape
+    like = d.sample() if d.support.is_discrete else d.mean
+    if d.support.is_discrete and torch.is_floating_point(y):
+        if not torch.equal(y, y.round()):
+            raise ValueError("y holds non-integer values for a discrete observed site")
+    y = y.to(dtype=like.dtype, device=like.device)
+    if tuple(y.shape) != tuple(shape):
+        if y.numel() != math.prod(shape):
+            raise ValueError(
+                f"y has shape {tuple(y.shape)}; the observed site has shape {tuple(shape)} per draw"
+            )
+        y = y.reshape(shape)
+    return y
 
 
 @torch.no_grad()
@@ -129,18 +180,33 @@ def predict(
     chunk_size=None,
     local_reparameterization=True,
     seed=None,
+    *,
+    site=None,
+    vectorize="auto",
+    **model_kwargs,
 ):
-    """Draw ``num_samples`` network outputs for inputs ``x``: vectorised over samples in chunks.
+    """Draw ``num_samples`` posterior predictions for inputs ``x`` from any Pyro model.
 
-    Each chunk runs the guide and the model once inside a ``pyro.plate`` of ``chunk`` samples
-    (the Bayesian layers broadcast over it), rather than tiling ``x``. Under local
-    reparameterisation (default) each pass samples pre-activations per example, which for
-    :class:`~pyro_dropout.AutoDropout` is exactly MC dropout.
+    Runs the guide and replays the model (as ``pyro.infer.Predictive``), in vectorised chunks
+    of draws when the model broadcasts over a leading sample dimension and one draw per pass
+    when it does not (CNNs with ``MaxPool2d``/``Flatten``): the same distribution either way.
+    A subsampled data plate is given every row. Under local reparameterisation (default) each
+    pass samples pre-activations per example, which for :class:`~pyro_dropout.AutoDropout` is
+    exactly MC dropout; ``local_reparameterization=False`` uses weight draws (also inside an
+    enclosing ``local_reparameterization()`` block).
 
-    :param chunk_size: samples per vectorised pass; by default a first one-sample pass measures
-        the widest layer output and the next passes keep it near :data:`CHUNK_ELEMENTS`
-        (1M elements on a CPU, where cache-sized passes are fastest; 64M elsewhere).
-    :returns: a :class:`Prediction`.
+    :param x: inputs, ``N`` rows (tensor or numpy array; floating arrays are cast to the
+        model's dtype, see :func:`~pyro_dropout.infer.data.as_model_input`).
+    :param site: what to predict: None (default) for the observed site, found as the one sample
+        site the guide does not draw; the name of another sample or deterministic site; or
+        ``"_RETURN"`` for the model's return value.
+    :param chunk_size: draws per vectorised pass; by default the first draw measures the
+        widest layer output and the passes keep it near :data:`CHUNK_ELEMENTS` (1M elements on
+        a CPU, where cache-sized passes are fastest; 64M elsewhere).
+    :param vectorize: ``"auto"``, ``True`` (error when the model does not broadcast) or
+        ``False`` (one draw per pass).
+    :param model_kwargs: further keyword arguments of the model (and guide).
+    :returns: a :class:`Prediction` with ``samples`` of shape ``(T, N, ...)``.
 
     Example::
 
@@ -152,32 +218,32 @@ def predict(
             "predict: the guide has not been fitted (its prototype trace is empty); call fit() "
             "or run the guide once with the training data (x, y) first"
         )
-    if not int(num_samples) >= 1:
+    if isinstance(num_samples, bool) or not int(num_samples) >= 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
-    num_samples = int(num_samples)
-    x = torch.as_tensor(x)
     if chunk_size is not None and not int(chunk_size) >= 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    x = as_model_input(x, model, "x")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    nesting = getattr(model, "max_plate_nesting", 1)
-    ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
-    outs = []
-    start = 0
-    with ctx:
-        while start < num_samples:
-            # Without a chunk size, the first pass draws one sample and measures the widest
-            # layer output, which sets the size of the following passes.
-            c = 1 if chunk_size is None else min(int(chunk_size), num_samples - start)
-            widest = _WidestLayer() if chunk_size is None else contextlib.nullcontext()
-            with widest, pyro.plate("_mc_samples", c, dim=-(nesting + 1)):
-                guide_trace = poutine.trace(guide).get_trace(x)
-                f = poutine.replay(model, trace=guide_trace)(x)
-            if chunk_size is None:
-                budget = CHUNK_ELEMENTS["cpu" if x.device.type == "cpu" else "other"]
-                chunk_size = max(1, budget // max(1, widest.elements, f.numel()))
-            # f is (c, N, out); with c == 1 the layers may have dropped the sample dim.
-            outs.append(f.reshape((c,) + f.shape[-2:]))
-            start += c
-    samples = torch.cat(outs, 0)
-    return Prediction(samples, getattr(model, "likelihood", None))
+    run = run_draws(
+        model,
+        guide,
+        [((x,), model_kwargs)],
+        int(num_samples),
+        obs_name=site if site not in (None, RETURN_SITE) else None,
+        find_obs=site is None,
+        obs_optional=site is not None,
+        value_sites=() if site is None else (site,),
+        estimator="lrt" if local_reparameterization else "weights",
+        vectorize=vectorize,
+        chunk_size=chunk_size,
+    )
+    draws = run.obs[0] if run.obs_name is not None else None
+    likelihood = getattr(model, "likelihood", None)
+    if draws is not None:
+        d = draws.dist()
+        samples = d.logits if d.has_enumerate_support and "logits" in draws.params else d.mean
+        return Prediction(samples, likelihood, run.obs_name, draws)
+    if site is None:  # the observed site's family cannot be rebuilt: keep predictive draws
+        return Prediction(run.values[0][OBS_SAMPLE], None, run.obs_name, None)
+    return Prediction(run.values[0][site], None, site, None)

@@ -37,12 +37,25 @@ def _split_batch(x_batch, w_batch):
 
 @dataclass(frozen=True)
 class LinearSpec:
-    """``y = x Wᵀ (+ b)`` with broadcasting over batch dims of ``W`` and ``x``."""
+    """``y = x Wᵀ (+ b)`` with broadcasting over batch dims of ``W`` and ``x``.
+
+    :param bool transposed: the weight is stored ``(in, out)`` and the product is ``x W``
+        (a functional model's ``x @ w``); default ``(out, in)`` as ``torch.nn.Linear``.
+    :param bool vector: the weight is a vector ``(in,)`` and ``y = x · w`` has no output dim.
+    """
 
     feature_dims: int = 1
+    transposed: bool = False
+    vector: bool = False
 
     def __call__(self, x, weight, bias=None):
+        if self.vector:
+            out = LinearSpec(transposed=True)(x, weight.unsqueeze(-1))
+            out = out.squeeze(-1)
+            return out if bias is None else out + bias
         weight = unexpand(weight)
+        if self.transposed:
+            weight = weight.transpose(-1, -2)
         event = weight.shape[-2:]
         w_batch = weight.shape[:-2]
         if bias is not None:
@@ -115,6 +128,30 @@ class ConvSpec:
         spatial = out.shape[2:]
         out = out.reshape((num_rows, g, out_channels) + spatial).transpose(0, 1)
         return out.reshape(lead + row_shape + (out_channels,) + spatial)
+
+
+def align_to_frames(value, event_ndim, frames):
+    """Lay a value's batch dims out along the given plate frames' dims.
+
+    ``Predictive(parallel=True)`` hands the model samples shaped ``(S,) + event_shape``
+    although its vectorising plate sits at ``dim=-max_plate_nesting-1`` (it pads by plate depth,
+    not by event dims); a weight of shape ``(S, out, in)`` would then broadcast against the data
+    dimension. When the batch holds exactly the plates' sizes, reshape it to their layout, e.g.
+    ``(S,) -> (S, 1)`` for a plate at dim -2.
+    """
+    batch = value.shape[: value.dim() - event_ndim]
+    if not batch:
+        return value
+    frames = [f for f in frames if f.vectorized and f.dim is not None]
+    if not frames:
+        return value
+    target = [1] * max(-f.dim for f in frames)
+    for f in frames:
+        target[f.dim] = f.size
+    target = torch.Size(target)
+    if batch == target or len(batch) >= len(target) or batch.numel() != target.numel():
+        return value
+    return value.reshape(target + value.shape[len(batch) :])
 
 
 def add_bias(out, bias, spec):

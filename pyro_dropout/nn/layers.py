@@ -4,37 +4,31 @@ import math
 
 import torch
 from pyro.nn import PyroModule, PyroSample
+from pyro.poutine.messenger import block_messengers
+from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import get_plates
 from torch.nn.modules.utils import _pair, _single
 
-from .functional import ConvSpec, LinearSpec, bayesian_layer
+from .._checks import positive_int
+from ..handlers.guided_value import plain
+from .functional import ConvSpec, LinearSpec, align_to_frames, bayesian_layer
 from .priors import make_prior
 
 __all__ = ["BayesianLinear", "BayesianConv1d", "BayesianConv2d"]
 
 
 def _align_to_plates(value, event_ndim):
-    """Lay a weight's batch dims out along the enclosing plates' dims.
+    """:func:`~pyro_dropout.nn.functional.align_to_frames` for the enclosing plates."""
+    # a guided value's reshape would count as a use without a rule: work on the plain tensor
+    return align_to_frames(plain(value), event_ndim, get_plates())
 
-    ``Predictive(parallel=True)`` hands the model samples shaped ``(S,) + event_shape``
-    although its vectorising plate sits at ``dim=-max_plate_nesting-1`` (it pads by plate depth,
-    not by event dims); a weight of shape ``(S, out, in)`` would then broadcast against the data
-    dimension. When the batch holds exactly the enclosing plates' sizes, reshape it to their
-    layout, e.g. ``(S,) -> (S, 1)`` for a plate at dim -2.
-    """
-    batch = value.shape[: value.dim() - event_ndim]
-    if not batch:
-        return value
-    plates = [f for f in get_plates() if f.vectorized and f.dim is not None]
-    if not plates:
-        return value
-    target = [1] * max(-f.dim for f in plates)
-    for f in plates:
-        target[f.dim] = f.size
-    target = torch.Size(target)
-    if batch == target or len(batch) >= len(target) or batch.numel() != target.numel():
-        return value
-    return value.reshape(target + value.shape[len(batch) :])
+
+def _is_subsampled_plate(messenger):
+    return (
+        isinstance(messenger, PlateMessenger)
+        and messenger.subsample_size is not None
+        and 0 < messenger.subsample_size < messenger.size
+    )
 
 
 class _BayesianLayer(PyroModule):
@@ -61,8 +55,11 @@ class _BayesianLayer(PyroModule):
         return math.prod(self.weight_shape[1:])
 
     def forward(self, x):
-        weight = _align_to_plates(self.weight, len(self.weight_shape))
-        bias = self.bias
+        with block_messengers(_is_subsampled_plate):
+            # Weights are global: drawn outside any subsampled (data) plate the layer is
+            # called in, where they would otherwise become one weight per row.
+            weight, bias = self.weight, self.bias
+        weight = _align_to_plates(weight, len(self.weight_shape))
         if bias is not None:
             bias = _align_to_plates(bias, 1)
         bias_name = None if bias is None else self._pyro_get_fullname("bias")
@@ -96,6 +93,8 @@ class BayesianLinear(_BayesianLayer):
 
     def __init__(self, in_features, out_features, bias=True, prior=None, bias_prior=None):
         super().__init__()
+        in_features = positive_int(in_features, "in_features")
+        out_features = positive_int(out_features, "out_features")
         self.in_features = in_features
         self.out_features = out_features
         self.spec = LinearSpec()
@@ -125,6 +124,9 @@ class _BayesianConvNd(_BayesianLayer):
     ):
         super().__init__()
         tup = _single if self._ndim == 1 else _pair
+        in_channels = positive_int(in_channels, "in_channels")
+        out_channels = positive_int(out_channels, "out_channels")
+        groups = positive_int(groups, "groups")
         if in_channels % groups or out_channels % groups:
             raise ValueError(
                 f"in_channels ({in_channels}) and out_channels ({out_channels}) must both be "

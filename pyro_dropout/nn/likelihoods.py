@@ -1,48 +1,70 @@
-"""Observation models for Bayesian networks: Gaussian regression and categorical classification."""
+"""Observation models for Bayesian networks: Gaussian regression and categorical classification.
+
+A likelihood module builds the observed site's distribution from the network output ``f``
+(:meth:`distribution`, called *outside* the data plate, so that a latent noise scale is one
+global site) and checks the targets (:meth:`check_target`).
+"""
 
 import math
 
-import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroParam
-from torch.distributions import constraints
+from pyro.nn import PyroModule, PyroSample
 
-__all__ = ["GaussianLikelihood", "CategoricalLikelihood"]
+from .._checks import positive_number
+
+__all__ = ["GaussianLikelihood", "CategoricalLikelihood", "NOISE_PRIOR_LOG_SD"]
+
+#: Log-scale standard deviation of the default LogNormal prior on a learned noise scale: a
+#: weak prior, 95 % of its mass within a factor e^±3.9 ≈ 50 of its median.
+NOISE_PRIOR_LOG_SD = 2.0
 
 
 class GaussianLikelihood(PyroModule):
-    r"""``y ~ Normal(f(x), τ^{-1/2})`` per output, with a fixed precision τ or a learned scale.
+    r"""``y ~ Normal(f(x), s)`` per output, with a fixed precision τ = 1/s² or a latent noise
+    scale.
 
     :param float tau: fixed noise precision τ (Gal & Ghahramani's "model precision"). If
-        ``None`` the noise scale is a learned point estimate (a :class:`~pyro.nn.PyroParam`,
-        type-II maximum likelihood), initialised at ``init_noise_scale``.
+        ``None`` the noise scale ``s`` is a latent sample site (``"<prefix>noise_scale"``,
+        e.g. ``"likelihood.noise_scale"`` in :class:`~pyro_dropout.BayesianMLP`) with prior
+        ``LogNormal(log init_noise_scale, 2)``. Each guide then infers it with its own
+        parameters (a mean-field Normal on ``log s`` in this library's guides), so several
+        guides fitted on one model object do not share a learned noise: each fit is
+        self-contained.
+    :param float init_noise_scale: the prior median of ``s`` (and the guides' initial value).
     """
 
     kind = "regression"
 
     def __init__(self, tau=None, init_noise_scale=1.0):
         super().__init__()
-        if tau is not None and not tau > 0:
-            raise ValueError(f"tau (noise precision) must be positive, got {tau}")
-        if not init_noise_scale > 0:
-            raise ValueError(f"init_noise_scale must be positive, got {init_noise_scale}")
-        self.tau = tau
-        if tau is None:
-            self.noise_scale = PyroParam(
-                torch.tensor(float(init_noise_scale)), constraint=constraints.positive
-            )
+        self.tau = None if tau is None else positive_number(tau, "tau (noise precision)")
+        self.init_noise_scale = positive_number(init_noise_scale, "init_noise_scale")
+        # Empty buffer: follows .to(device/dtype) so the prior is built where the model lives.
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+        if self.tau is None:
+            self.noise_scale = PyroSample(lambda self: self._noise_prior())
+
+    def _noise_prior(self):
+        loc = torch.tensor(
+            math.log(self.init_noise_scale), dtype=self._anchor.dtype, device=self._anchor.device
+        )
+        return dist.LogNormal(loc, torch.full_like(loc, NOISE_PRIOR_LOG_SD))
 
     def scale(self, like):
+        """The noise scale: fixed, or a draw of the latent site (inside a model run)."""
         if self.tau is not None:
             return torch.tensor(self.tau**-0.5, dtype=like.dtype, device=like.device)
         return self.noise_scale
 
     def precision(self):
-        """The noise precision τ as a float."""
-        if self.tau is not None:
-            return float(self.tau)
-        return float(self.noise_scale.detach()) ** -2
+        """The fixed noise precision τ as a float (``tau`` models only)."""
+        if self.tau is None:
+            raise AttributeError(
+                "the noise scale is a latent site inferred by each guide; read it from a fit, "
+                "e.g. predict(model, guide, x).aleatoric_variance"
+            )
+        return float(self.tau)
 
     def check_target(self, y, f):
         if y is None:
@@ -51,7 +73,7 @@ class GaussianLikelihood(PyroModule):
             y = y.to(f.dtype)
         if y.dim() == 1 and f.shape[-1] == 1:
             y = y.unsqueeze(-1)
-        if y.shape[-1] != f.shape[-1] or y.shape[-2] != f.shape[-2]:
+        if y.dim() < 2 or y.shape[-1] != f.shape[-1] or y.shape[-2] != f.shape[-2]:
             raise ValueError(
                 f"y has shape {tuple(y.shape)} but the network output has shape "
                 f"{tuple(f.shape)}: expected (N, {f.shape[-1]})"
@@ -59,24 +81,13 @@ class GaussianLikelihood(PyroModule):
             )
         return y
 
-    def forward(self, f, y=None):
-        y = self.check_target(y, f)
-        return pyro.sample("obs", dist.Normal(f, self.scale(f)).to_event(1), obs=y)
+    def distribution(self, f):
+        """``Normal(f, s).to_event(1)`` (one event per row); samples a latent ``s``."""
+        return dist.Normal(f, self.scale(f)).to_event(1)
 
-    def log_likelihood(self, samples, y):
-        r"""Per-point predictive log density of ``y`` under the MC mixture (Gal's formula):
-        :math:`\operatorname{logsumexp}_t(-\tfrac{τ}{2}\|y - \hat y_t\|^2) - \log T
-        - \tfrac{D}{2}\log 2π + \tfrac{D}{2}\log τ`."""
-        y = self.check_target(y, samples)
-        tau = self.precision()
-        sq = ((y - samples) ** 2).sum(-1)
-        d = samples.shape[-1]
-        return (
-            torch.logsumexp(-0.5 * tau * sq, 0)
-            - math.log(samples.shape[0])
-            - 0.5 * d * math.log(2 * math.pi)
-            + 0.5 * d * math.log(tau)
-        )
+    def predictive_distribution(self, f):
+        """The distribution for given outputs without sampling anything (fixed τ only)."""
+        return self.distribution(f) if self.tau is not None else None
 
 
 class CategoricalLikelihood(PyroModule):
@@ -93,13 +104,8 @@ class CategoricalLikelihood(PyroModule):
             )
         return y.long()
 
-    def forward(self, f, y=None):
-        y = self.check_target(y, f)
-        return pyro.sample("obs", dist.Categorical(logits=f), obs=y)
+    def distribution(self, f):
+        return dist.Categorical(logits=f)
 
-    def log_likelihood(self, samples, y):
-        """Per-point log of the MC-averaged class probability of the true label."""
-        y = self.check_target(y, samples)
-        log_p = torch.log_softmax(samples, -1)
-        log_p_y = log_p.gather(-1, y.expand(log_p.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-        return torch.logsumexp(log_p_y, 0) - math.log(samples.shape[0])
+    def predictive_distribution(self, f):
+        return self.distribution(f)

@@ -1,12 +1,14 @@
 """Bayesian network models: a network of Bayesian layers plus a likelihood, as one Pyro model."""
 
 import inspect
+import numbers
 
 import pyro
 import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule
 
+from .._checks import positive_int
 from .layers import BayesianConv2d, BayesianLinear
 from .likelihoods import CategoricalLikelihood, GaussianLikelihood
 
@@ -22,6 +24,16 @@ _ACTIVATIONS = {
 }
 
 
+def _widths(hidden):
+    if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
+        hidden = (hidden,)
+    try:
+        hidden = tuple(hidden)
+    except TypeError:
+        raise ValueError(f"hidden must be a sequence of layer widths, got {hidden!r}") from None
+    return tuple(positive_int(h, f"hidden[{i}]") for i, h in enumerate(hidden))
+
+
 def _activation(activation):
     if callable(activation):
         return activation
@@ -34,15 +46,22 @@ def _activation(activation):
 
 
 def make_likelihood(likelihood, tau=None, init_noise_scale=1.0):
-    """``"regression"`` (Gaussian; fixed precision ``tau`` or a learned noise scale when
-    ``tau is None``), ``"classification"`` (categorical), or a likelihood module."""
+    """``"regression"`` (Gaussian; fixed precision ``tau`` or a latent noise scale when
+    ``tau is None``), ``"classification"`` (categorical), or a likelihood module (with
+    ``distribution(f)`` and ``check_target(y, f)``)."""
     if isinstance(likelihood, torch.nn.Module):
+        if not (hasattr(likelihood, "distribution") and hasattr(likelihood, "check_target")):
+            raise TypeError(
+                f"likelihood module {type(likelihood).__name__} needs distribution(f) and "
+                "check_target(y, f) methods (see pyro_dropout.nn.GaussianLikelihood)"
+            )
         return likelihood
     if likelihood in ("regression", "gaussian"):
         return GaussianLikelihood(tau=tau, init_noise_scale=init_noise_scale)
     if likelihood in ("classification", "categorical"):
         if tau is not None:
             raise ValueError("tau is a regression setting; classification has no noise precision")
+        _ = init_noise_scale
         return CategoricalLikelihood()
     raise ValueError(
         f"likelihood must be 'regression', 'classification' or a module, got {likelihood!r}"
@@ -80,8 +99,12 @@ class BayesianModel(PyroModule):
         if size < n:
             raise ValueError(f"num_data ({size}) is smaller than the minibatch ({n})")
         subsample = None if size == n else torch.arange(n, device=f.device)
+        # Global latents of the likelihood (a learned noise scale) are drawn here, outside
+        # the data plate: inside it they would be one per row.
+        fn = self.likelihood.distribution(f)
+        y = self.likelihood.check_target(y, f)
         with pyro.plate("data", size, subsample=subsample, dim=-1):
-            self.likelihood(f, y)
+            pyro.sample("obs", fn, obs=y)
         return f
 
     @property
@@ -119,7 +142,10 @@ class BayesianMLP(BayesianModel):
         bias_prior=None,
         init_noise_scale=1.0,
     ):
-        widths = (in_features,) + tuple(hidden) + (out_features,)
+        in_features = positive_int(in_features, "in_features")
+        out_features = positive_int(out_features, "out_features")
+        hidden = _widths(hidden)
+        widths = (in_features,) + hidden + (out_features,)
         layers = PyroModule[torch.nn.ModuleList](
             [
                 BayesianLinear(a, b, prior=prior, bias_prior=bias_prior)
@@ -157,6 +183,14 @@ def _pool(h, k=2):
 class _LeNet(PyroModule):
     def __init__(self, in_channels, num_classes, image_size, channels, hidden, kernel_size, prior):
         super().__init__()
+        in_channels = positive_int(in_channels, "in_channels")
+        num_classes = positive_int(num_classes, "num_classes")
+        image_size = positive_int(image_size, "image_size")
+        hidden = positive_int(hidden, "hidden")
+        kernel_size = positive_int(kernel_size, "kernel_size")
+        channels = _widths(channels)
+        if len(channels) != 2:
+            raise ValueError(f"channels must hold two widths (conv1, conv2), got {channels!r}")
         c1, c2 = channels
         self.conv1 = BayesianConv2d(in_channels, c1, kernel_size, prior=prior)
         self.conv2 = BayesianConv2d(c1, c2, kernel_size, prior=prior)

@@ -41,14 +41,15 @@ def _state(model):
 
 
 def test_one_model_object_is_fitted_with_each_guide_without_being_touched():
+    """The learned noise is a latent site (``likelihood.noise_scale``) that each guide infers
+    with its own parameters: the model has no parameters a fit could change."""
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(8,), tau=None, prior=1.0)
-    model(x, y)  # create the noise parameter
+    model(x, y)
     structure = repr(model)
     modules = [(name, type(m)) for name, m in model.named_modules()]
     buffers = {k: v.clone() for k, v in model.named_buffers()}
-    state = _state(model)
-    assert list(state) == ["likelihood.noise_scale_unconstrained"]
+    assert _state(model) == {} and list(model.parameters()) == []
 
     guides = [
         AutoDropout(model, dropout_rate=0.1),
@@ -57,24 +58,15 @@ def test_one_model_object_is_fitted_with_each_guide_without_being_touched():
     ]
     snapshots = {}
     for guide in guides:
-        noise_before = model.likelihood.noise_scale.detach().clone()
         losses = fit(model, guide, x, y, num_steps=25, lr=0.02, progress=False, seed=0)
         assert len(losses) == 25 and all(map(torch.isfinite, torch.tensor(losses)))
-        # the model's only parameter is its own learned noise scale, which the fit updates
-        assert not torch.equal(model.likelihood.noise_scale.detach(), noise_before)
+        assert "likelihood.noise_scale" in guide.median()  # the guide's own noise
         snapshots[type(guide).__name__] = {k: v.clone() for k, v in guide.median().items()}
 
     assert repr(model) == structure
     assert [(name, type(m)) for name, m in model.named_modules()] == modules
     assert set(dict(model.named_buffers())) == set(buffers)
-    after = _state(model)
-    assert list(after) == list(state)
-    assert not torch.equal(
-        after["likelihood.noise_scale_unconstrained"], state["likelihood.noise_scale_unconstrained"]
-    )
-    assert [name for name, _ in model.named_parameters()] == [
-        "likelihood.noise_scale_unconstrained"
-    ]
+    assert _state(model) == {} and list(model.parameters()) == []
 
     # Each guide kept its own parameters: fitting the later guides did not move earlier ones.
     for guide in guides:
@@ -202,7 +194,9 @@ def test_local_latents_in_a_subsampled_plate_are_rejected():
             pyro.sample("obs", pyro.distributions.Normal(z, 1.0), obs=y)
 
     x, y = _data()
-    with pytest.raises(NotImplementedError, match="local latent variables are not supported"):
+    with pytest.raises(
+        NotImplementedError, match="local latent variable .*Sample the weights outside the plate"
+    ):
         AutoMeanField(model)(x, y, num_data=100)
 
 

@@ -16,6 +16,7 @@ from pyro_dropout import (
     fit,
     local_reparameterization,
 )
+from pyro_dropout.handlers import LocalReparameterizationWarning
 
 GUIDES = {
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.3),
@@ -123,18 +124,26 @@ def test_vectorized_particles(make_guide):
 
 
 @pytest.mark.parametrize("autoguide", [AutoNormal, AutoDelta])
-def test_pyro_delta_autoguides_under_lrt_raise_naming_auto_mean_field(autoguide):
+def test_pyro_delta_autoguides_under_lrt_warn_naming_auto_mean_field(autoguide):
+    """A Delta has no variance to reparameterise: the weights are used as drawn, with one
+    warning per site naming the site and the fix; strict=True raises instead."""
     torch.manual_seed(0)
     x, y = torch.randn(N, 3), torch.randn(N)
     model = BayesianMLP(3, 1, hidden=(5,), tau=1.0)
     guide = autoguide(model)
     svi = SVI(model, guide, Adam({"lr": 0.01}), TraceMeanField_ELBO())
     with pytest.raises(NotImplementedError, match="AutoMeanField") as info:
-        with local_reparameterization():
+        with local_reparameterization(strict=True):
             svi.step(x, y)
     assert "Delta" in str(info.value) and "net.layers.0.weight" in str(info.value)
-    # fit() defaults to local reparameterisation: same error; without it AutoNormal runs
-    with pytest.raises(NotImplementedError, match="AutoMeanField"):
+    with pytest.warns(LocalReparameterizationWarning, match="AutoMeanField") as record:
+        with local_reparameterization():
+            for _ in range(3):
+                svi.step(x, y)
+    sites = sorted(str(w.message).split("'")[1] for w in record)
+    assert sites == ["net.layers.0.weight", "net.layers.1.weight"]  # once per site
+    # fit() defaults to local reparameterisation: the same warning; without it, silence
+    with pytest.warns(LocalReparameterizationWarning, match="Delta"):
         fit(model, guide, x, y, num_steps=1, progress=False)
     losses = fit(model, guide, x, y, num_steps=2, local_reparameterization=False, progress=False)
     assert len(losses) == 2

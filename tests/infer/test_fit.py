@@ -59,7 +59,7 @@ def test_x_y_length_mismatch():
 def test_zero_steps(kwargs):
     x, y = _data()
     model, guide = _setup()
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be a positive integer"):
         fit(model, guide, x, y, progress=False, **kwargs)
 
 
@@ -70,16 +70,27 @@ def test_bad_batch_size():
         fit(model, guide, x, y, num_steps=1, batch_size=0, progress=False)
 
 
-def test_minibatch_needs_a_model_accepting_num_data():
+def test_minibatch_without_num_data_scales_the_observed_sites():
+    """A model without ``num_data`` gets minibatches whose observed sites are scaled by N/B:
+    the same loss as the library's model told num_data=N."""
     x, y = _data()
     net = BayesianMLP(3, 1, hidden=(4,), tau=1.0)
 
     def model(x, y=None):
         return net(x, y)
 
-    guide = AutoMeanField(model)
-    with pytest.raises(ValueError, match="accepts num_data"):
-        fit(model, guide, x, y, num_steps=1, batch_size=8, progress=False)
+    guide = AutoMeanField(model, init_scale=1e-8)  # nearly deterministic: losses comparable
+    fit(model, guide, x, y, num_steps=1, progress=False)
+    from pyro_dropout.infer import MeanFieldELBO
+    from pyro_dropout.infer.minibatch import ScaleObserved
+
+    elbo = MeanFieldELBO()
+    with ScaleObserved(40 / 8):
+        scaled = elbo.loss(model, guide, x[:8], y[:8])
+    reference = elbo.loss(net, guide, x[:8], y[:8], num_data=40)
+    assert scaled == pytest.approx(reference, rel=1e-4)
+    losses = fit(model, guide, x, y, num_epochs=2, batch_size=8, progress=False)
+    assert len(losses) == 10
     # full batch is fine, and so is a batch as large as the data
     assert len(fit(model, guide, x, y, num_steps=2, progress=False)) == 2
     assert len(fit(model, guide, x, y, num_steps=2, batch_size=40, progress=False)) == 2

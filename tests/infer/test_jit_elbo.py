@@ -119,7 +119,9 @@ def test_unsupported_argument_type_is_named():
 def test_fit_with_jit_learns_and_handles_a_short_last_batch():
     x, y = _data(50)
     model, g = _setup("mean_field")
-    losses = fit(model, g, x, y, num_epochs=60, batch_size=16, jit=True, seed=1, progress=False)
+    losses = fit(
+        model, g, x, y, num_epochs=60, batch_size=16, jit=True, lr=0.01, seed=1, progress=False
+    )
     assert len(losses) == 60 * 4  # 16 + 16 + 16 + 2 rows per epoch
     first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
     assert last < 0.5 * first, (first, last)

@@ -1,6 +1,8 @@
 """``BayesianModel`` / ``BayesianMLP`` / ``BayesianConvNet``: sites, output shapes, target
 checks, minibatch scaling and the noise model."""
 
+import math
+
 import pyro
 import pytest
 import torch
@@ -174,18 +176,22 @@ def test_models_accept_num_data():
 # --------------------------------------------------------------------------------------------
 
 
-def test_learned_noise_scale_is_a_pyro_param():
+def test_learned_noise_scale_is_a_latent_site_outside_the_data_plate():
+    """tau=None: the noise scale is a global latent site with a LogNormal prior whose median
+    is init_noise_scale; the model holds no parameters (each guide infers the noise)."""
     model = BayesianMLP(3, 1, hidden=(4,), tau=None, init_noise_scale=0.5)
     trace = _trace(model, torch.randn(N, 3), torch.randn(N))
-    store = pyro.get_param_store()
-    assert "likelihood.noise_scale" in store
-    torch.testing.assert_close(store["likelihood.noise_scale"], torch.tensor(0.5))
-    torch.testing.assert_close(trace.nodes["obs"]["fn"].base_dist.scale, torch.full((N, 1), 0.5))
-    assert model.likelihood.precision() == pytest.approx(4.0)
-    # It is the model's only torch parameter (the weights are sample sites).
-    assert [name for name, _ in model.named_parameters()] == [
-        "likelihood.noise_scale_unconstrained"
-    ]
+    site = trace.nodes["likelihood.noise_scale"]
+    assert site["type"] == "sample" and not site["is_observed"]
+    assert site["cond_indep_stack"] == ()  # one global value, not one per row
+    prior = site["fn"]
+    torch.testing.assert_close(prior.loc, torch.tensor(math.log(0.5)))
+    torch.testing.assert_close(prior.scale, torch.tensor(2.0))
+    s = site["value"]
+    torch.testing.assert_close(trace.nodes["obs"]["fn"].base_dist.scale, s.expand(N, 1))
+    assert len(pyro.get_param_store()) == 0 and list(model.parameters()) == []
+    with pytest.raises(AttributeError, match="latent site inferred by each guide"):
+        model.likelihood.precision()
 
 
 def test_fixed_tau_has_no_params():

@@ -1,0 +1,257 @@
+"""Where ``fit``'s minibatches come from, and how each is scaled to the full data.
+
+Four ways, chosen from the model (probed once, see :func:`probe_model`) and the data:
+
+* **whole data** each step (no ``batch_size``, or one at least the data size);
+* **the model's own subsampled plate** (``pyro.plate("data", N, subsample_size=B)``): every
+  step passes all rows and sets the plate's indices (an epoch is a random permutation in
+  chunks of ``B``), so the plate scales the likelihood by ``N / B`` itself;
+* **``num_data``**: a model that takes ``num_data`` (this library's models) gets the
+  minibatch rows and ``num_data=N`` (its plate then scales by ``N / B``);
+* **any other model** gets the minibatch rows and :class:`ScaleObserved` multiplies the log
+  density of its observed sites by ``N / B`` (an unbiased estimate of the full-data term,
+  exactly what a subsampled plate does). Observed sites are assumed to be one term per row.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+from pyro import poutine
+from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
+from torch.distributions import constraints
+
+from .data import as_model_input, check_rows
+from .draws import SubsampleIndices
+
+__all__ = ["ModelProbe", "ScaleObserved", "probe_model", "accepts_num_data"]
+
+#: Rows of the first probe of a model (the probe runs its forward pass once).
+PROBE_ROWS = 512
+
+
+class ScaleObserved(Messenger):
+    """Multiply the log density of every observed site by ``scale`` (e.g. ``N / B``)."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = float(scale)
+
+    @property
+    def jit_key(self):  # a compiled loss bakes the scale in
+        return (type(self), self.scale)
+
+    def _pyro_sample(self, msg):
+        if (
+            msg["is_observed"]
+            and not site_is_subsample(msg)
+            and not msg["infer"].get("_deterministic", False)
+        ):
+            msg["scale"] = msg["scale"] * self.scale
+
+
+def accepts_num_data(model):
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        return "num_data" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class ModelProbe:
+    """What one run of the model (see :func:`probe_model`) shows: its observed sites
+    and the plates it subsamples."""
+
+    def __init__(self, trace, rows):
+        self.rows = rows
+        self.observed = {
+            name: site
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and site["is_observed"]
+            and not site_is_subsample(site)
+            and not site["infer"].get("_deterministic", False)
+        }
+        self.plates = {}
+        for name, site in trace.nodes.items():
+            if site["type"] == "sample" and site_is_subsample(site):
+                fn = site["fn"]
+                if fn.subsample_size is not None and fn.subsample_size < fn.size:
+                    self.plates[name] = (int(fn.size), int(fn.subsample_size))
+
+
+def probe_model(model, args, kwargs):
+    """Run ``model`` once, hidden from enclosing handlers, with latent sites at
+    :func:`~pyro_dropout.guides.init_to_fan_in` (real sites are not sampled: an improper
+    prior is fine)."""
+    from ..guides.init import init_to_fan_in
+
+    with poutine.block(), torch.no_grad():
+        tr = poutine.trace(InitMessenger(init_to_fan_in)(model)).get_trace(*args, **kwargs)
+    return tr
+
+
+def check_support(y, probe, y_name="y", offset=0):
+    """``y`` within the support of the one observed site (class labels in range, counts
+    non-negative ...); the error names the first bad row."""
+    if y is None or len(probe.observed) != 1:
+        return
+    ((name, site),) = probe.observed.items()
+    support = site["fn"].support
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    if support is constraints.real or type(support) is type(constraints.real):
+        return  # finiteness is checked with the rows
+    try:
+        ok = support.check(y)
+    except (RuntimeError, TypeError):
+        return
+    if not torch.is_tensor(ok) or ok.shape[:1] != y.shape[:1]:
+        return
+    bad = ~ok.reshape(ok.shape[0], -1).all(-1)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{y_name} row {row + offset} holds {y[row].tolist()}, outside the support of the "
+            f"observed site {name!r} ({type(site['fn']).__name__}: {_describe(support)})"
+        )
+
+
+def _describe(support):
+    if isinstance(support, constraints.integer_interval):
+        return f"integers {support.lower_bound}..{support.upper_bound}"
+    return str(support)
+
+
+class InMemoryBatches:
+    """Minibatches of in-memory tensors (module docs)."""
+
+    def __init__(self, model, x, y, batch_size, jit):
+        self.x, self.y = x, y
+        self.n = x.shape[0]
+        check_rows(x, y)
+        n0 = min(self.n, PROBE_ROWS)
+        args = (x[:n0],) if y is None else (x[:n0], y[:n0])
+        try:
+            probe = ModelProbe(probe_model(model, args, {}), n0)
+        except Exception:  # noqa: BLE001 - e.g. subsample_size > n0: probe all rows
+            probe = ModelProbe(probe_model(model, self._args(x, y), {}), self.n)
+        self.probe = probe
+        check_support(y, probe)
+        self.plate = None
+        if probe.plates:
+            if len(probe.plates) > 1:
+                raise ValueError(
+                    f"fit: the model subsamples several plates {sorted(probe.plates)}; fit drives "
+                    "one subsampled data plate"
+                )
+            ((name, (size, b)),) = probe.plates.items()
+            size = self.n if size == probe.rows else size  # a plate over the rows given
+            if batch_size is not None and batch_size != b:
+                raise ValueError(
+                    f"fit: batch_size={batch_size} but the model's plate {name!r} subsamples "
+                    f"{b} rows (subsample_size={b}); pass batch_size=None (or {b})"
+                )
+            if jit:
+                raise ValueError(
+                    f"fit: jit=True cannot be used with the subsampled plate {name!r}: the "
+                    "compiled loss would keep the first minibatch's indices. Use jit=False, or "
+                    "give the model num_data and let fit pass minibatches"
+                )
+            self.plate = (name, size, b)
+            self.mode = "plate"
+            self.batch_size = b
+            self.steps_per_epoch = math.ceil(size / b)
+        elif batch_size is None or batch_size >= self.n:
+            self.mode, self.batch_size, self.steps_per_epoch = "full", self.n, 1
+        else:
+            self.mode = "num_data" if accepts_num_data(model) else "scale"
+            self.batch_size = batch_size
+            self.steps_per_epoch = math.ceil(self.n / batch_size)
+        self._order = None
+
+    @staticmethod
+    def _args(x, y):
+        return (x,) if y is None else (x, y)
+
+    def step(self, step):
+        """``(args, kwargs, messenger or None)`` of step ``step``."""
+        k = step % self.steps_per_epoch
+        if self.mode == "full":
+            return self._args(self.x, self.y), {}, None
+        if k == 0:
+            size = self.plate[1] if self.mode == "plate" else self.n
+            self._order = torch.randperm(size, device=self.x.device)
+        b = self.batch_size
+        idx = self._order[k * b : (k + 1) * b]
+        if self.mode == "plate":
+            if idx.numel() < b:  # complete the last chunk: a random subset of distinct rows
+                idx = torch.cat([idx, self._order[: b - idx.numel()]])
+            return self._args(self.x, self.y), {}, SubsampleIndices({self.plate[0]: idx})
+        args = self._args(self.x[idx], None if self.y is None else self.y[idx])
+        if self.mode == "num_data":
+            return args, {"num_data": self.n}, None
+        return args, {}, ScaleObserved(self.n / idx.numel())
+
+
+class LoaderBatches:
+    """Minibatches streamed from a ``torch.utils.data.DataLoader`` (module docs)."""
+
+    def __init__(self, model, loader):
+        self.loader = loader
+        self.model = model
+        try:
+            self.n = len(loader.dataset)
+            self.steps_per_epoch = len(loader)
+        except TypeError:
+            raise ValueError(
+                "fit: the DataLoader's dataset needs a length (the full data size scales the "
+                "likelihood); an IterableDataset without __len__ cannot be used"
+            ) from None
+        if self.steps_per_epoch == 0:
+            raise ValueError("fit: the DataLoader yields no batches")
+        self.num_data = accepts_num_data(model)
+        self._it = None
+        self._seen = 0
+        self._first_epoch = True
+        self.probe = None
+
+    def _batch(self, batch):
+        if torch.is_tensor(batch):
+            batch = (batch,)
+        if not isinstance(batch, (tuple, list)) or not 1 <= len(batch) <= 2:
+            raise TypeError(
+                "fit: a DataLoader batch must be a tensor x or a pair (x, y); got "
+                f"{type(batch).__name__}"
+            )
+        x = as_model_input(batch[0], self.model, "x")
+        y = as_model_input(batch[1], self.model, "y") if len(batch) == 2 else None
+        return x, y
+
+    def step(self, step):
+        if step % self.steps_per_epoch == 0:
+            if self._it is not None:
+                self._first_epoch = False
+            self._it = iter(self.loader)
+            self._seen = 0
+        x, y = self._batch(next(self._it))
+        args = (x,) if y is None else (x, y)
+        if self.probe is None:
+            self.probe = ModelProbe(probe_model(self.model, args, {}), x.shape[0])
+            if self.probe.plates:
+                raise ValueError(
+                    f"fit: the model subsamples the plate(s) {sorted(self.probe.plates)} itself; "
+                    "with a DataLoader the loader makes the minibatches: give the plate no "
+                    "subsample_size (and the model a num_data argument, or none)"
+                )
+        if self._first_epoch:  # checked as the batches stream by, once
+            check_rows(x, y, offset=self._seen)
+            check_support(y, self.probe, offset=self._seen)
+        self._seen += x.shape[0]
+        if self.num_data:
+            return args, {"num_data": self.n}, None
+        return args, {}, ScaleObserved(self.n / x.shape[0])
