@@ -191,8 +191,8 @@ def to_inference_data(
     y_test: Any = None,
     var_names: Sequence[str] | None = None,
     *,
-    obs_name: str = "obs",
-    parallel: bool = False,
+    obs_name: str | None = None,
+    parallel: bool | str = "auto",
     dims: Mapping[str, Sequence[str]] | None = None,
     coords: Mapping[str, Any] | None = None,
     seed: int | None = None,
@@ -208,12 +208,12 @@ def to_inference_data(
     :func:`from_netcdf`.
 
     ``sample_stats.lp`` (log p(theta, D) on the full training data) and ``sample_stats.lq``
-    (log q(theta), the guide trace's ``log_prob_sum``) feed the Pareto k-hat diagnostic of
+    (log q(theta), the guide trace's log density) feed the Pareto k-hat diagnostic of
     Yao et al. (2018), see :func:`pyro_dropout.diagnostics.vi_diagnostic`.
 
     Args:
-        model: Pyro model ``model(x, y=None)`` observing ``y`` at ``obs_name`` inside a data
-            plate (no ``subsample_size`` here: every row needs its log-likelihood).
+        model: any Pyro model ``model(x, y=None)`` observing ``y`` inside a data plate (a
+            subsampled plate is visited in full: every row gets its log-likelihood).
         guide: any Pyro guide callable as ``guide(x, y)``.
         x: training inputs (torch tensor or numpy array; rows = observations).
         y: training targets, one row per row of ``x``.
@@ -222,8 +222,11 @@ def to_inference_data(
         y_test: optional held-out targets (may be omitted: predictions only).
         var_names: model sites for the ``posterior`` group (default: all latent sites;
             ``pyro.deterministic`` sites may be named too).
-        obs_name: name of the observed site.
-        parallel: vectorise the draws in a ``pyro.plate`` (needs a broadcasting model/guide).
+        obs_name: name of the observed site; by default the one sample site of the model that
+            the guide does not draw.
+        parallel: ``"auto"`` (default: draws vectorised in a ``pyro.plate`` where the model
+            broadcasts over them, one draw per pass where it does not, e.g. CNNs with
+            ``MaxPool2d``), ``True`` (vectorised, or an error), ``False`` (one per pass).
         dims: ``{site: [dim names]}`` overriding the default posterior dims.
         coords: ``{dim: values}`` coordinates for posterior dims (default ``0..n-1``).
         seed: if given, ``pyro.set_rng_seed(seed)`` first.
@@ -251,6 +254,7 @@ def to_inference_data(
         obs_name=obs_name,
         parallel=parallel,
     )
+    obs_name = draws.obs_name
     family, config = guide_info(guide)
     from .. import __version__ as pkg_version
 
@@ -262,7 +266,7 @@ def to_inference_data(
         "obs_name": obs_name,
         "task": draws.task,
         "num_samples": int(num_samples),
-        "parallel": int(bool(parallel)),
+        "parallel": str(parallel),
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
         "inference_library": "pyro",
         "inference_library_version": pyro.__version__,

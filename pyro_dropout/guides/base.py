@@ -15,7 +15,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
-from .init import init_to_fan_in
+from .init import dist_dtype, init_to_fan_in
 
 __all__ = ["AutoWeightGuide"]
 
@@ -41,6 +41,10 @@ class AutoWeightGuide(AutoGuide):
     LogNormal prior) gets a mean-field Normal pushed through ``biject_to(support)`` (analytic
     KL when the prior uses the same transform, e.g. LogNormal).
 
+    Each instance owns its parameters: the first guide of a class in a session stores them in
+    Pyro's param store as ``"<Class>.locs.<site>"`` ..., later ones as ``"<Class>_1..."``
+    (``guide._pyro_name``), so guides fitted on one model never share state.
+
     :param callable model: a Pyro model, e.g. a :class:`~pyro_dropout.BayesianMLP`.
     :param callable init_loc_fn: initial posterior means per site; default
         :func:`~pyro_dropout.guides.init_to_fan_in` (random, fan-in scaled; Pyro's
@@ -56,14 +60,20 @@ class AutoWeightGuide(AutoGuide):
         self._init_device = None
         model = InitMessenger(self._init_on_device)(model)
         super().__init__(model, create_plates=create_plates)
+        # Pyro names a guide's parameters after its class in the global param store, so a
+        # second AutoMeanField of a session (another init_scale, another model) would start
+        # from, and then move, the first one's parameters. Each instance gets its own prefix:
+        # the class name for the first, then "<class>_1", "<class>_2", ...
+        self._pyro_name = _instance_name(type(self).__name__)
 
     def _init_on_device(self, site):
         # Init functions build CPU tensors (they see only the site, and an improper prior
         # such as ImproperLogUniform holds no tensor to take a device from); the guide's
         # parameters belong where the data are, e.g. after model.to("cuda").
         value = self.init_loc_fn(site)
-        if torch.is_tensor(value) and self._init_device is not None:
-            value = value.to(self._init_device)
+        if torch.is_tensor(value):
+            dtype = dist_dtype(site["fn"]) if value.is_floating_point() else None
+            value = value.to(device=self._init_device, dtype=dtype)
         return value
 
     # -- per-family hooks -------------------------------------------------------------------
@@ -219,6 +229,15 @@ class AutoWeightGuide(AutoGuide):
     def describe(self):
         """``{"family": ..., "config": ...}`` with ``config`` as a JSON string."""
         return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
+
+
+_INSTANCES = {}
+
+
+def _instance_name(name):
+    count = _INSTANCES.get(name, 0)
+    _INSTANCES[name] = count + 1
+    return name if count == 0 else f"{name}_{count}"
 
 
 def _is_real(support):

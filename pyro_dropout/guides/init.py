@@ -5,7 +5,18 @@ import math
 import torch
 from pyro.infer.autoguide.initialization import init_to_feasible
 
-__all__ = ["init_to_fan_in", "init_to_glorot", "init_to_module"]
+__all__ = ["dist_dtype", "init_to_fan_in", "init_to_glorot", "init_to_module"]
+
+
+def dist_dtype(fn):
+    """The floating dtype of a distribution's tensors (through its wrappers), or None (e.g. an
+    improper prior that holds no tensor): a float64 model gets float64 guide parameters."""
+    while fn is not None:
+        for value in vars(fn).values():
+            if torch.is_tensor(value) and value.is_floating_point():
+                return value.dtype
+        fn = getattr(fn, "base_dist", None)
+    return None
 
 
 def _uniform_weights(site, bound):
@@ -21,7 +32,7 @@ def _uniform_weights(site, bound):
         support = support.base_constraint
     if type(support).__name__ != "_Real":
         return init_to_feasible(site)
-    dtype = torch.get_default_dtype()
+    dtype = dist_dtype(fn) or torch.get_default_dtype()
     if len(fn.event_shape) >= 2:
         b = bound(math.prod(fn.event_shape[1:]), fn.event_shape[0])
         return (torch.rand(value_shape, dtype=dtype) * 2 - 1) * b

@@ -2,10 +2,12 @@
 
 The dtype rule (used by :func:`~pyro_dropout.fit`, :func:`~pyro_dropout.predict` and the
 ArviZ export): floating-point inputs (numpy ``float64`` from scikit-learn, a float64 tensor)
-are cast to the **model's dtype**, the dtype of its floating parameters or buffers when it is
-a ``torch.nn.Module`` that has any (``model.double()`` makes it float64), else torch's default
-dtype (float32 unless changed with ``torch.set_default_dtype``). Integer and boolean arrays
-(class labels, counts) keep their dtype.
+are cast to the **model's dtype**: the dtype of its floating parameters or buffers when it is
+a ``torch.nn.Module`` that has any (this library's models do; ``model.double()`` makes them
+float64); else that of the guide's parameters, once it has any; else torch's default dtype
+(float32 unless changed with ``torch.set_default_dtype``, which is also what a Pyro model's
+``dist.Normal(0., 1.)`` priors use). Integer and boolean arrays (class labels, counts) keep
+their dtype. To fit a functional model in float64, set the default dtype.
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import torch
 __all__ = ["as_model_input", "check_rows", "check_labels", "model_dtype"]
 
 
-def model_dtype(model):
-    """The floating dtype of the model's parameters or buffers, else the default dtype."""
-    if isinstance(model, torch.nn.Module):
-        for t in (*model.parameters(), *model.buffers()):
+def _module_dtype(module):
+    if isinstance(module, torch.nn.Module):
+        for t in (*module.parameters(), *module.buffers()):
             if torch.is_floating_point(t):
                 return t.dtype
-    return torch.get_default_dtype()
+    return None
+
+
+def model_dtype(model, guide=None):
+    """The model's dtype (module docs): its floating parameters' or buffers', else the
+    guide's, else torch's default dtype."""
+    return _module_dtype(model) or _module_dtype(guide) or torch.get_default_dtype()
 
 
 def model_device(model):
@@ -32,7 +39,7 @@ def model_device(model):
     return None
 
 
-def as_model_input(value, model, name):
+def as_model_input(value, model, name, guide=None):
     """``value`` as a tensor; floating values cast to :func:`model_dtype` (module docs)."""
     if value is None:
         return None
@@ -44,7 +51,7 @@ def as_model_input(value, model, name):
                 f"{name} must be a tensor or an array of numbers; got {type(value).__name__} ({e})"
             ) from None
     if torch.is_floating_point(value):
-        dtype = model_dtype(model)
+        dtype = model_dtype(model, guide)
         if value.dtype != dtype:
             value = value.to(dtype)
     return value

@@ -336,6 +336,7 @@ def run_draws(
     value_sites=(),
     latents=False,
     log_densities=False,
+    pointwise=False,
     estimator="weights",
     vectorize="auto",
     chunk_size=None,
@@ -351,6 +352,10 @@ def run_draws(
     :param bool latents: record the values of the latent sites (first data set).
     :param bool log_densities: record ``log p(theta)`` (the latent sites' priors) and
         ``log q(theta)`` (every guide site) per draw, unscaled.
+    :param bool pointwise: record, per data set, the observed site's pointwise quantities from
+        the traces: ``"_log_lik"`` ``log p(y_i | θ_s)`` (when observed), ``"_y_rep"`` a
+        predictive draw, ``"_mean"`` its mean (real-valued sites) and ``"_probs"`` the
+        probability of each value (discrete sites with enumerable support).
     :param str estimator: ``"lrt"`` (local reparameterisation) or ``"weights"`` (weight draws;
         blocks an enclosing ``local_reparameterization()``).
     :param vectorize: ``"auto"`` (vectorised passes, one draw per pass when the model does not
@@ -374,7 +379,14 @@ def run_draws(
             run.obs_name = choose_obs_site(m_tr0, g_tr, obs_name)
         run.latent_names = _latent_names(m_trs[0][0][1], g_tr)
         nesting = _plate_nesting([g_tr] + [tr for chunks in m_trs for _, tr in chunks])
-        opts = (run.obs_name, tuple(value_sites), latents, log_densities, run.latent_names)
+        opts = (
+            run.obs_name,
+            tuple(value_sites),
+            latents,
+            log_densities,
+            run.latent_names,
+            pointwise,
+        )
         acc.add(_collect(data, g_tr, m_trs, 1, None, nesting, opts))
         if chunk_size is None:
             device = data[0].device
@@ -484,7 +496,7 @@ class _Accumulator:
 
 
 def _collect(data, g_tr, m_trs, c, draw_dim, nesting, opts):
-    obs, value_sites, latents, log_densities, latent_names = opts
+    obs, value_sites, latents, log_densities, latent_names, pointwise = opts
     part = {"obs": [], "values": [], "latents": {}, "lp": None, "lq": None}
     with torch.no_grad():
         for d, passes in zip(data, m_trs, strict=True):
@@ -494,6 +506,10 @@ def _collect(data, g_tr, m_trs, c, draw_dim, nesting, opts):
                     if obs not in tr.nodes:
                         raise ValueError(f"the model has no site {obs!r} on these inputs")
                     fn = tr.nodes[obs]["fn"]
+                    if pointwise:
+                        for key, v in _pointwise(tr.nodes[obs]).items():
+                            v = _value(d, key, v, c, draw_dim, nesting)
+                            pieces_val.setdefault(key, []).append((keep, v))
                     params = _obs_params(d, fn, c, draw_dim, nesting)
                     if params is None:  # not rebuildable: keep a predictive draw instead
                         v = _value(d, OBS_SAMPLE, fn.sample(), c, draw_dim, nesting)
@@ -531,6 +547,26 @@ def _collect(data, g_tr, m_trs, c, draw_dim, nesting, opts):
                 draw_dim,
             )
     return part
+
+
+def _pointwise(site):
+    """Per-row quantities of an observed site, read from its distribution in the trace."""
+    fn = site["fn"]
+    shape = fn.batch_shape + fn.event_shape
+    out = {"_y_rep": fn.sample()}
+    if site["is_observed"]:
+        out["_log_lik"] = fn.log_prob(site["value"])
+    if fn.has_enumerate_support and fn.event_shape == ():
+        support = fn.enumerate_support(expand=False)  # (K, 1, ..., 1)
+        out["_probs"] = fn.log_prob(support).exp().movedim(0, -1)
+    elif not fn.support.is_discrete:
+        try:
+            mean = fn.mean
+        except NotImplementedError:
+            mean = None
+        if mean is not None and bool(torch.isfinite(mean).all()):
+            out["_mean"] = mean.expand(shape)
+    return out
 
 
 def _obs_params(d, fn, c, draw_dim, nesting):

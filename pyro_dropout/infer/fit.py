@@ -104,7 +104,7 @@ def fit(
         raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    batches = _batches(model, x, y, batch_size, jit)
+    batches = _batches(model, guide, x, y, batch_size, jit)
     total = num_steps if num_steps is not None else num_epochs * batches.steps_per_epoch
     optim = optim if optim is not None else fused_adam({"lr": lr})
     elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
@@ -144,7 +144,7 @@ def fit(
     return losses
 
 
-def _batches(model, x, y, batch_size, jit):
+def _batches(model, guide, x, y, batch_size, jit):
     """The minibatch source for ``fit``'s data (see :mod:`pyro_dropout.infer.minibatch`)."""
     if isinstance(x, DataLoader):
         if y is not None or batch_size is not None:
@@ -152,12 +152,12 @@ def _batches(model, x, y, batch_size, jit):
                 "fit: with a DataLoader pass neither y nor batch_size (the loader yields (x, y) "
                 "batches of its own size)"
             )
-        return LoaderBatches(model, x)
+        return LoaderBatches(model, x, guide)
     if isinstance(x, Dataset):
         if y is not None:
             raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
         size = len(x) if batch_size is None else batch_size
-        return LoaderBatches(model, DataLoader(x, batch_size=size, shuffle=True))
-    x = as_model_input(x, model, "x")
-    y = as_model_input(y, model, "y")
+        return LoaderBatches(model, DataLoader(x, batch_size=size, shuffle=True), guide)
+    x = as_model_input(x, model, "x", guide)
+    y = as_model_input(y, model, "y", guide)
     return InMemoryBatches(model, x, y, batch_size, jit)

@@ -201,9 +201,10 @@ class InMemoryBatches:
 class LoaderBatches:
     """Minibatches streamed from a ``torch.utils.data.DataLoader`` (module docs)."""
 
-    def __init__(self, model, loader):
+    def __init__(self, model, loader, guide=None):
         self.loader = loader
         self.model = model
+        self.guide = guide
         try:
             self.n = len(loader.dataset)
             self.steps_per_epoch = len(loader)
@@ -228,8 +229,8 @@ class LoaderBatches:
                 "fit: a DataLoader batch must be a tensor x or a pair (x, y); got "
                 f"{type(batch).__name__}"
             )
-        x = as_model_input(batch[0], self.model, "x")
-        y = as_model_input(batch[1], self.model, "y") if len(batch) == 2 else None
+        x = as_model_input(batch[0], self.model, "x", self.guide)
+        y = as_model_input(batch[1], self.model, "y", self.guide) if len(batch) == 2 else None
         return x, y
 
     def step(self, step):

@@ -222,7 +222,7 @@ def predict(
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     if chunk_size is not None and not int(chunk_size) >= 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    x = as_model_input(x, model, "x")
+    x = as_model_input(x, model, "x", guide)
     if seed is not None:
         pyro.set_rng_seed(seed)
     run = run_draws(

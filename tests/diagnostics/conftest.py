@@ -15,9 +15,14 @@ from ._models import SIGMA, LinReg  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _fresh_pyro():
+    """Clean Pyro state, and float64 as the default dtype: these models are float64
+    throughout, and a functional model's dtype is the default one (pyro_dropout.infer.data)."""
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
     yield
+    torch.set_default_dtype(dtype)
     pyro.clear_param_store()
 
 

@@ -285,12 +285,32 @@ def test_bad_input_raises(linreg):
         to_inference_data(linreg_model, g, linreg.x, linreg.y, 5, dims={"w": ["a", "b"]})
 
 
-def test_subsampled_plate_is_rejected(linreg):
+@pytest.mark.parametrize("parallel", ["auto", False])
+def test_subsampled_plate_is_visited_in_full(linreg, parallel):
+    """A model that subsamples 10 of 60 rows (and 10 of 40 test rows) exports every row: the
+    same pointwise log-likelihood, row by row, as the model without subsampling, for the
+    same weight draws (the last pass of 10 is completed with rows from the start)."""
+
     def sub_model(x, y=None):
         w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=x.dtype), 1.0).to_event(1))
-        with pyro.plate("data", x.shape[0], subsample_size=10, dim=-1) as idx:
+        with pyro.plate("data", x.shape[0], subsample_size=7, dim=-1) as idx:
             yy = None if y is None else y[idx]
             pyro.sample("obs", dist.Normal((x[idx] * w).sum(-1), SIGMA), obs=yy)
 
-    with pytest.raises(ValueError, match="subsample_size"):
-        to_inference_data(sub_model, linreg.guide(), linreg.x, linreg.y, 5)
+    args = (linreg.x, linreg.y, 6, linreg.x_test, linreg.y_test)
+    pyro.set_rng_seed(3)
+    sub = to_inference_data(sub_model, linreg.guide(), *args, var_names=["w"], parallel=parallel)
+    w = compat.get_group(sub, "posterior")["w"].values[0]  # (6, 3)
+    ll = compat.get_group(sub, "log_likelihood")["obs"].values[0]
+    assert ll.shape == (6, 60)
+    x, y = linreg.x.numpy(), linreg.y.numpy()
+    expected = -0.5 * ((y - w @ x.T) / SIGMA) ** 2 - np.log(SIGMA) - 0.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(ll, expected, rtol=1e-10, atol=1e-10)
+    test_ll = compat.get_group(sub, "predictions_log_likelihood")["obs"].values[0]
+    xt, yt = linreg.x_test.numpy(), linreg.y_test.numpy()
+    expected = -0.5 * ((yt - w @ xt.T) / SIGMA) ** 2 - np.log(SIGMA) - 0.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(test_ll, expected, rtol=1e-10, atol=1e-10)
+    # log p(theta, D) sums the prior and every row once (not the N/B-scaled subsample)
+    lp = compat.get_group(sub, "sample_stats")["lp"].values[0]
+    prior = -0.5 * (w**2).sum(-1) - 1.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(lp, prior + ll.sum(-1), rtol=1e-10)

@@ -45,8 +45,8 @@ def test_dropout_rate_mapping_sets_each_layer():
     # the initial posterior mean E[W] = (1 - p) M is the fan-in init in both layers
     med = guide.median()
     store = pyro.get_param_store()
-    torch.testing.assert_close(store[f"AutoDropout.locs.{W0}"] * 0.9, med[W0])
-    torch.testing.assert_close(store[f"AutoDropout.locs.{W1}"] * 0.5, med[W1])
+    torch.testing.assert_close(store[f"{guide._pyro_name}.locs.{W0}"] * 0.9, med[W0])
+    torch.testing.assert_close(store[f"{guide._pyro_name}.locs.{W1}"] * 0.5, med[W1])
 
 
 def test_dropout_rate_mapping_allows_zero_for_a_layer():
@@ -91,9 +91,9 @@ def test_learned_slab_scale():
     guide = AutoDropout(model, dropout_rate=0.2, scale=0.05, learn_scale=True)
     fn = _weight_fn(guide, W0)
     torch.testing.assert_close(fn.scale, torch.full((6, 3), 0.05))
-    assert f"AutoDropout.scales.{W0}" in pyro.get_param_store()
+    assert f"{guide._pyro_name}.scales.{W0}" in pyro.get_param_store()
     fit(model, guide, x, y, num_steps=20, lr=0.05, progress=False, seed=0)
-    scale = pyro.get_param_store()[f"AutoDropout.scales.{W0}"]
+    scale = pyro.get_param_store()[f"{guide._pyro_name}.scales.{W0}"]
     assert (scale > 0).all() and not torch.allclose(scale, torch.full_like(scale, 0.05))
     assert guide.config == {"dropout_rate": 0.2, "scale": 0.05, "learn_scale": True}
 
@@ -104,11 +104,11 @@ def test_dropout_under_lrt_is_standard_dropout_on_the_input():
     guide = AutoDropout(model, dropout_rate=0.5, scale=1e-6)
     x = torch.ones(2000, 3)
     guide(x, torch.zeros(2000, 6))  # with y: the likelihood site must be observed
-    m = pyro.get_param_store()[f"AutoDropout.locs.{W0}"].detach()
+    m = pyro.get_param_store()[f"{guide._pyro_name}.locs.{W0}"].detach()
     with local_reparameterization():
         trace = poutine.trace(guide).get_trace(x)
         f = poutine.replay(model, trace=trace)(x).detach()
-    f = f - pyro.get_param_store()["AutoDropout.locs.net.layers.0.bias"].detach()
+    f = f - pyro.get_param_store()[f"{guide._pyro_name}.locs.net.layers.0.bias"].detach()
     # every row is M z for a binary z: solve for z and check it is 0/1 and ~half are kept
     z = torch.linalg.lstsq(m, f.T).solution.T
     assert torch.allclose(z, z.round(), atol=1e-2)

@@ -125,7 +125,7 @@ def test_init_to_module_dropout_locs_are_rescaled():
     guide(x, y)
     store = pyro.get_param_store()
     for k, v in net.state_dict().items():
-        loc = store[f"AutoDropout.locs.net.{k}"].detach()
+        loc = store[f"{guide._pyro_name}.locs.net.{k}"].detach()
         expected = v / 0.8 if k.endswith("weight") else v  # biases are not dropped
         torch.testing.assert_close(loc, expected)
 

@@ -78,17 +78,27 @@ def test_one_model_object_is_fitted_with_each_guide_without_being_touched():
 
 
 def test_guides_own_disjoint_param_store_entries():
+    """Every guide instance has its own prefix in Pyro's global param store, also two of one
+    class: the second does not start from (and then move) the first one's parameters."""
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(8,), tau=10.0)
-    for guide in (AutoDropout(model), AutoMeanField(model), AutoVariationalDropout(model)):
+    guides = [
+        AutoDropout(model),
+        AutoMeanField(model),
+        AutoVariationalDropout(model),
+        AutoMeanField(model, init_scale=0.5),
+    ]
+    prefixes = [g._pyro_name for g in guides]
+    assert len(set(prefixes)) == 4
+    fit(model, guides[1], x, y, num_steps=30, lr=0.05, progress=False, seed=0)
+    for guide in guides:
         guide(x, y)
     names = set(pyro.get_param_store())
-    by_guide = {
-        prefix: {n for n in names if n.startswith(prefix + ".")}
-        for prefix in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
-    }
+    by_guide = {p: {n for n in names if n.startswith(p + ".")} for p in prefixes}
     assert all(by_guide.values())
     assert set().union(*by_guide.values()) == names  # fixed tau: the model has no params
+    scale = guides[3].get_distributions()["net.layers.0.weight"].base_dist.scale
+    torch.testing.assert_close(scale, torch.full_like(scale, 0.5))  # fresh, not the fit's
 
 
 # --------------------------------------------------------------------------------------------

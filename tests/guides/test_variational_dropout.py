@@ -30,47 +30,75 @@ def test_log_alpha_clip_is_molchanovs():
     assert LOG_ALPHA_CLIP == (-8.0, 8.0)
 
 
-# alpha="unit" and alpha="layer" crash when the guide is set up (their parameter group is named
-# "log_alpha", like the method); reported, so only the per-weight mode is tested here.
-@pytest.mark.parametrize("alpha, param, shape", [("weight", "log_sigma2", (6, 3))])
-def test_alpha_modes_parameter_shapes(alpha, param, shape):
+#: parameter group and its shape for the 6x3 first-layer weight, per alpha mode
+ALPHA_PARAMS = {
+    "weight": ("log_sigma2", (6, 3)),  # additive parameterisation: log σ² per weight
+    "unit": ("log_alphas", (1, 3)),  # one log α per input unit (column), shared by the rows
+    "layer": ("log_alphas", (1, 1)),  # one log α for the whole weight
+}
+
+
+def _param(guide, group):
+    return pyro.get_param_store()[f"{guide._pyro_name}.{group}.{W0}"]
+
+
+@pytest.mark.parametrize("alpha", sorted(ALPHA_PARAMS))
+def test_alpha_modes_parameter_shapes(alpha):
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
     guide = AutoVariationalDropout(model, alpha=alpha, init_log_alpha=-3.0)
     guide(x, y)
-    store = pyro.get_param_store()
-    assert store[f"AutoVariationalDropout.{param}.{W0}"].shape == shape
-    other = {"log_sigma2", "log_alpha"} - {param}
-    assert not any(f".{o}." in k for o in other for k in store)
+    group, shape = ALPHA_PARAMS[alpha]
+    assert _param(guide, group).shape == shape
+    other = {"log_sigma2", "log_alphas"} - {group}
+    assert not any(f".{o}." in k for o in other for k in pyro.get_param_store())
     la = guide.log_alpha(W0)
     assert la.shape == (6, 3)
     torch.testing.assert_close(la, torch.full((6, 3), -3.0), atol=1e-4, rtol=0)
-    # the emitted scale is |θ| sqrt(α)
+    # the emitted variance is θ² α
     base = _weight_dist(guide, W0, x, y)
-    torch.testing.assert_close(base.scale**2, base.loc**2 * la.exp())
+    torch.testing.assert_close(base.variance, base.loc**2 * la.exp())
 
 
-@pytest.mark.parametrize("alpha", ["weight"])
+@pytest.mark.parametrize("alpha", ["unit", "layer"])
+def test_shared_log_alpha_is_shared_along_the_right_dims(alpha):
+    """alpha="unit": column j of the (out, in) weight has one α_j for every output row (an
+    implementation per output row would fail here); alpha="layer": one α for all."""
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
+    guide = AutoVariationalDropout(model, alpha=alpha)
+    guide(x, y)
+    param = _param(guide, "log_alphas")
+    values = torch.tensor([[-2.0, 0.5, 3.0]]) if alpha == "unit" else torch.tensor([[1.5]])
+    with torch.no_grad():
+        param.copy_(values)
+    la = guide.log_alpha(W0)
+    torch.testing.assert_close(la, values.expand(6, 3))
+    base = _weight_dist(guide, W0, x, y)
+    torch.testing.assert_close(base.variance, base.loc**2 * values.expand(6, 3).exp())
+
+
+@pytest.mark.parametrize("alpha", sorted(ALPHA_PARAMS))
 def test_log_alpha_is_clipped(alpha):
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
     guide = AutoVariationalDropout(model, alpha=alpha)
     guide(x, y)
-    name = f"AutoVariationalDropout.{'log_sigma2' if alpha == 'weight' else 'log_alpha'}.{W0}"
-    param = pyro.get_param_store()[name]
+    group, _ = ALPHA_PARAMS[alpha]
+    param = _param(guide, group)
     lo, hi = LOG_ALPHA_CLIP
     for extreme, bound in ((50.0, hi), (-50.0, lo)):
         with torch.no_grad():
             if alpha == "weight":
-                theta = pyro.get_param_store()[f"AutoVariationalDropout.locs.{W0}"]
-                param.copy_(torch.log(theta**2 + 1e-8) + extreme)
+                theta = _param(guide, "locs")
+                param.copy_(torch.log(theta**2) + extreme)
             else:
                 param.fill_(extreme)
         la = guide.log_alpha(W0)
         torch.testing.assert_close(la, torch.full_like(la, bound))
         base = _weight_dist(guide, W0, x, y)
         # the noise uses the clipped α too, so the KL and the noise agree
-        torch.testing.assert_close(base.scale**2 / base.loc**2, torch.full_like(la, bound).exp())
+        torch.testing.assert_close(base.variance / base.loc**2, torch.full_like(la, bound).exp())
 
 
 def test_sparsity_before_fitting_raises():
@@ -84,11 +112,10 @@ def test_sparsity_report_matches_log_alpha():
     model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
     guide = AutoVariationalDropout(model, alpha="weight")
     guide(x, y)
-    store = pyro.get_param_store()
     with torch.no_grad():
-        theta = store[f"AutoVariationalDropout.locs.{W0}"]
+        theta = _param(guide, "locs")
         target = torch.tensor([[4.0, -1.0, 3.5]]).expand(6, 3)
-        store[f"AutoVariationalDropout.log_sigma2.{W0}"].copy_(torch.log(theta**2 + 1e-8) + target)
+        _param(guide, "log_sigma2").copy_(torch.log(theta**2) + target)
     torch.testing.assert_close(guide.log_alpha(W0), target, atol=1e-4, rtol=0)
     report = guide.sparsity(threshold=3.0)
     assert set(report.masks) == {W0, W1}
