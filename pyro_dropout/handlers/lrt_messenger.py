@@ -269,7 +269,8 @@ class LocalReparameterizationMessenger(Messenger):
                     var = add_bias(var, bias_base.scale**2, spec)
             elif bias is not None:
                 mean = add_bias(mean, bias, spec)
-            out = sample_gaussian_preactivation(mean, var)
+            batch = tuple(weight.shape[: weight.dim() - event_dim]) + (1,) * spec.feature_dims
+            out = sample_gaussian_preactivation(mean, var, batch)
         elif bias is not None:
             if bias_base is not None:
                 bias = bias_base.loc + bias_base.scale * _randn_like(out, bias_base.loc, spec)

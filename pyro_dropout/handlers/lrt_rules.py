@@ -36,9 +36,15 @@ class GaussianPreactivation(NamedTuple):
     var: torch.Tensor
 
 
-def sample_gaussian_preactivation(mean, var):
-    """``mean + sqrt(max(var, floor)) · ε`` with ε ~ N(0, 1) of the output's shape."""
-    eps = torch.randn(broadcast_shape(mean.shape, var.shape), dtype=mean.dtype, device=mean.device)
+def sample_gaussian_preactivation(mean, var, batch=()):
+    """``mean + sqrt(max(var, floor)) · ε`` with ε ~ N(0, 1) of the output's shape.
+
+    ``batch`` is the shape the output must at least have: the weight distribution's batch
+    (its sample dims) laid out against the output. A family whose parameters are equal along
+    a sample dim (e.g. expanded by a vectorising plate) gives a mean and variance without it,
+    yet every draw needs its own noise."""
+    shape = broadcast_shape(mean.shape, var.shape, batch)
+    eps = torch.randn(shape, dtype=mean.dtype, device=mean.device)
     return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
 
 

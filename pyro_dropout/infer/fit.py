@@ -2,6 +2,8 @@
 
 import contextlib
 import math
+import warnings
+import weakref
 
 import pyro
 from pyro.infer import SVI
@@ -121,6 +123,8 @@ def fit(
     with ctx, bar:
         for step in range(total):
             args, kwargs, scaling = batches.step(step)
+            if step == 0:  # the model has been probed by now
+                _warn_if_model_params_are_shared(model, guide, batches.probe.params)
             shape = tuple(args[0].shape)
             checked = shape in checked_shapes
             with (
@@ -142,6 +146,30 @@ def fit(
             if callback is not None and callback(step, loss):
                 break
     return losses
+
+
+_FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
+
+
+def _warn_if_model_params_are_shared(model, guide, params):
+    """Never silent: a model's own learnable parameters are shared by every guide fitted on
+    that model object (Pyro's param store is global)."""
+    try:
+        seen = _FITTED.setdefault(model, weakref.WeakSet())
+    except TypeError:  # not weak-referenceable: nothing to track
+        return
+    others = [g for g in seen if g is not guide]
+    seen.add(guide)
+    if params and others:
+        warnings.warn(
+            f"fit: the model has learnable parameters of its own ({', '.join(params)}) and was "
+            f"fitted before with another guide ({type(others[0]).__name__}). Model parameters "
+            "are shared: this fit continues from them and changes what the earlier fit "
+            "predicts. Make them latent sites (each guide then infers its own, as "
+            "BayesianMLP does with its noise scale) or build one model per guide.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _batches(model, guide, x, y, batch_size, jit):

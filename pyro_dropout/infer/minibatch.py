@@ -76,6 +76,8 @@ class ModelProbe:
             and not site_is_subsample(site)
             and not site["infer"].get("_deterministic", False)
         }
+        #: the model's own learnable parameters (pyro.param / PyroParam)
+        self.params = [n for n, s in trace.nodes.items() if s["type"] == "param"]
         self.plates = {}
         for name, site in trace.nodes.items():
             if site["type"] == "sample" and site_is_subsample(site):

@@ -44,9 +44,13 @@ class LinearSpec:
     :param bool vector: the weight is a vector ``(in,)`` and ``y = x · w`` has no output dim.
     """
 
-    feature_dims: int = 1
     transposed: bool = False
     vector: bool = False
+
+    @property
+    def feature_dims(self):
+        """Trailing output dims per example (none for a vector weight)."""
+        return 0 if self.vector else 1
 
     def __call__(self, x, weight, bias=None):
         if self.vector:
