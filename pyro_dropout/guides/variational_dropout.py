@@ -13,7 +13,8 @@ from .init import init_to_fan_in
 
 __all__ = ["AutoVariationalDropout", "SparsityReport", "LOG_ALPHA_CLIP"]
 
-#: log α is clipped to this range (Molchanov et al. 2017 clip at ±8): beyond it the KL is flat.
+#: Range accepted for ``init_log_alpha`` (the ±8 of Molchanov et al. 2017's code). The
+#: variance is not clipped (see :class:`AutoVariationalDropout`).
 LOG_ALPHA_CLIP = (-8.0, 8.0)
 
 
@@ -43,9 +44,14 @@ class AutoVariationalDropout(AutoWeightGuide):
     * ``alpha="unit"``: one α per input unit (column), as Gaussian dropout on the layer input.
     * ``alpha="layer"``: one α per weight site (Kingma et al. 2015's "variational dropout A").
 
-    :math:`\log α` is clipped to :data:`LOG_ALPHA_CLIP` = (-8, 8) when forming σ, so the KL
-    and the noise agree; the clip passes gradients through (straight-through) so no weight gets
-    stuck at a bound. Biases and other 1-D sites get a mean-field Normal.
+    The emitted variance is exactly :math:`σ^2`: ``exp(log σ²)`` for ``alpha="weight"`` (the
+    guide's own parameter, as the noise in Molchanov et al.'s code) and :math:`θ^2 α` for
+    ``"unit"``/``"layer"``; nothing is clipped, so training, prediction, export and the KL see
+    one distribution. (An earlier version clipped log α to ±8 with straight-through gradients
+    when forming σ: the clip made σ depend on θ while the gradient said it did not, and with a
+    Normal prior the fits under-fitted badly.) The log-uniform KL clamps log α to
+    :data:`~pyro_dropout.distributions.kl.LOG_ALPHA_RANGE` = ±30 internally, where
+    Molchanov's curve is flat. Biases and other 1-D sites get a mean-field Normal.
 
     Priors: with a Normal prior the KL is torch's exact ``KL(Normal ‖ Normal)``; with
     :class:`~pyro_dropout.ImproperLogUniform` it is the registered approximation (Molchanov by
@@ -94,7 +100,6 @@ class AutoVariationalDropout(AutoWeightGuide):
             "alpha": self.alpha,
             "init_log_alpha": self.init_log_alpha,
             "init_scale": self.init_scale,
-            "log_alpha_clip": list(LOG_ALPHA_CLIP),
         }
 
     def _build_from_prototype(self, *args, **kwargs):
@@ -122,23 +127,22 @@ class AutoVariationalDropout(AutoWeightGuide):
             self._set("log_alphas", name, PyroParam(log_alpha, constraints.real, n))
 
     def log_alpha(self, name):
-        """Clipped log α of weight site ``name``, broadcast to the weight's shape."""
+        """log α of weight site ``name``, broadcast to the weight's shape: ``log σ² − log θ²``
+        for ``alpha="weight"`` (θ² floored at the dtype's tiny, the floor
+        :class:`~pyro_dropout.distributions.LogAlphaNormal` uses, so its variance is exactly
+        σ²), the parameter itself otherwise."""
         theta = self._get("locs", name)
         if self.alpha == "weight":
-            log_alpha = self._get("log_sigma2", name) - torch.log(theta**2 + 1e-8)
-        else:
-            log_alpha = self._get("log_alphas", name).expand(theta.shape)
-        # Clip the value but let the gradient through: a hard clamp has zero gradient below
-        # -8, so weights that start (or wander) there could never be pruned.
-        return log_alpha + (log_alpha.clamp(*LOG_ALPHA_CLIP) - log_alpha).detach()
+            tiny = torch.finfo(theta.dtype).tiny
+            return self._get("log_sigma2", name) - torch.log(theta * theta + tiny)
+        return self._get("log_alphas", name).expand(theta.shape)
 
     def _real_site_dist(self, name, site):
         loc = self._get("locs", name)
         event_dim = self._event_dims[name]
         if name not in self._weights:
             return dist.Normal(loc, self._get("scales", name)).to_event(event_dim)
-        # σ² = θ² α; with the additive parameterisation and log α inside the clip range this is
-        # exactly exp(log σ²) (LogAlphaNormal floors θ² at the dtype's tiny so σ > 0 at θ = 0).
+        # variance = (θ² + tiny) α = exp(log σ²) for alpha="weight", θ² α otherwise
         return LogAlphaNormal(loc, self.log_alpha(name)).to_event(event_dim)
 
     @torch.no_grad()

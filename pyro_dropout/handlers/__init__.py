@@ -3,6 +3,7 @@ convolution operations of any Pyro model."""
 
 from .guided_value import GuidedValue
 from .lrt_messenger import (
+    ESTIMATORS,
     LocalReparameterizationMessenger,
     LocalReparameterizationWarning,
     local_reparameterization,
@@ -11,6 +12,7 @@ from .lrt_messenger import (
 from .registry import lookup_rule, register_local_reparameterization
 
 __all__ = [
+    "ESTIMATORS",
     "GuidedValue",
     "LocalReparameterizationMessenger",
     "LocalReparameterizationWarning",

@@ -41,6 +41,7 @@ from torch.nn.modules.utils import _pair, _single
 from ..nn.functional import ConvSpec, LinearSpec, add_bias, align_to_frames, unexpand
 from .guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
+from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
 
 __all__ = [
@@ -51,7 +52,11 @@ __all__ = [
     "weight_draws",
 ]
 
-ESTIMATORS = ("lrt", "weights")
+#: ``"auto"``: ``"lrt"`` for Linear layers, ``"flipout"`` for convolutions of families that
+#: have a Flipout rule (Gaussian ones), ``"per_example"`` for other convolutions (MC dropout's
+#: masked family); then the names of :data:`~pyro_dropout.handlers.registry.ESTIMATORS`
+#: applied to every layer, and ``"weights"`` (the drawn weights, shared by the minibatch).
+ESTIMATORS = ("auto", *RULE_ESTIMATORS, "weights")
 
 
 class LocalReparameterizationWarning(UserWarning):
@@ -98,8 +103,12 @@ class LocalReparameterizationMessenger(Messenger):
     pre-activations (see the module docs). Use it through :func:`local_reparameterization`
     or :func:`weight_draws`.
 
-    :param str estimator: ``"lrt"`` (local reparameterisation) or ``"weights"`` (the drawn
-        weights, with linear and convolution operations broadcast over their sample dims).
+    :param str estimator: how a layer's output is sampled per example, one of
+        :data:`ESTIMATORS`: ``"auto"`` (default: exact local reparameterisation for Linear
+        layers, exact-for-q estimators for convolutions), ``"lrt"``, ``"flipout"``,
+        ``"per_example"``, or ``"weights"`` (the drawn weights, with linear and convolution
+        operations broadcast over their sample dims). See ``docs/local-reparameterization.md``
+        for what each is exact for and what it costs.
     :param bool strict: raise ``NotImplementedError`` instead of warning when a guided weight
         is used without a rule.
 
@@ -111,7 +120,7 @@ class LocalReparameterizationMessenger(Messenger):
     draws and relies on exactly this.)
     """
 
-    def __init__(self, estimator="lrt", strict=False):
+    def __init__(self, estimator="auto", strict=False):
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         super().__init__()
@@ -224,7 +233,7 @@ class LocalReparameterizationMessenger(Messenger):
 
     def _answer(self, name, x, weight, event_dim, bias, bias_name, spec, site=None):
         out = None
-        if self.estimator == "lrt":
+        if self.estimator != "weights":
             out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec, site)
         if out is None:  # weight draws, broadcast over their sample dims
             out = add_bias(spec(x, weight), bias, spec)
@@ -236,9 +245,8 @@ class LocalReparameterizationMessenger(Messenger):
         if weight_fn is None:
             return None  # weights set by conditioning with no fresh draw here: use them
         base = _strip(weight_fn)
-        rule = lookup_rule(base)
+        rule = self._rule(name, base, spec)
         if rule is None:
-            self._report(name, _no_rule_message(name, base), key=("rule", name))
             return None
         base = _align_batch(base, weight.shape[: weight.dim() - len(base.event_shape)])
         if base is None:
@@ -277,6 +285,35 @@ class LocalReparameterizationMessenger(Messenger):
             out = add_bias(out, bias, spec)
         return out
 
+    def _rule(self, name, base, spec):
+        """The rule for this site's family and op: the estimator asked for (for "auto":
+        LRT on Linear layers; Flipout, else one weight per example, on convolutions)."""
+        if isinstance(base, Delta):  # no variance: nothing to sample per example
+            self._report(name, _no_rule_message(name, base), key=("rule", name))
+            return None
+        if self.estimator == "auto":
+            if isinstance(spec, LinearSpec):
+                wanted = ("lrt", "per_example")
+            else:
+                wanted = ("flipout", "per_example")
+        else:
+            wanted = (self.estimator, "per_example")
+        for estimator in wanted:
+            rule = lookup_rule(base, estimator)
+            if rule is not None and not (estimator == "per_example" and not base.has_rsample):
+                if estimator != wanted[0] and self.estimator != "auto":
+                    self._report(
+                        name,
+                        f"local_reparameterization: no {wanted[0]!r} rule for the "
+                        f"{type(base).__name__} distribution at weight site {name!r}; it is "
+                        "sampled with one weight draw per example ('per_example', exact) "
+                        "instead.",
+                        key=("estimator", name),
+                    )
+                return rule
+        self._report(name, _no_rule_message(name, base), key=("rule", name))
+        return None
+
     # -- reporting -------------------------------------------------------------------------
     def _check_reuse(self, name, site):
         gen = self._generation.get(name)
@@ -298,7 +335,7 @@ class LocalReparameterizationMessenger(Messenger):
         of samples) and uses of vectors such as biases (drawn values, as sampled) are fine."""
         if not self._active or len(_PYRO_STACK) < site.depth or site.event_dim < 2:
             return
-        if self.estimator != "lrt":
+        if self.estimator == "weights":
             return
         self._report(
             site.name,
@@ -347,7 +384,7 @@ def _no_rule_message(name, fn):
     )
 
 
-def local_reparameterization(fn=None, *, strict=False):
+def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     """Sample pre-activations instead of weights wherever a guided weight meets a linear or
     convolution operation (Kingma et al. 2015): in the library's layers, in
     ``PyroModule[nn.Linear]`` / ``PyroModule[nn.Conv1d/2d]``, and in functional models
@@ -362,12 +399,20 @@ def local_reparameterization(fn=None, *, strict=False):
 
         predictive = local_reparameterization(Predictive(model, guide=guide, num_samples=100))
 
+    ``estimator`` picks how each layer is sampled per example (default ``"auto"``: exact local
+    reparameterisation for Linear layers; for convolutions Flipout for Gaussian families and
+    one weight draw per example for MC dropout's family, both exact for q jointly over
+    positions); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one estimator everywhere
+    (see ``docs/local-reparameterization.md``).
+
     Never silent: a guided weight used by another operation, a family without a rule (e.g. the
     Delta of Pyro's ``AutoNormal``) or a weight used twice in one run triggers a
     :class:`LocalReparameterizationWarning` once per site; ``strict=True`` raises
     ``NotImplementedError`` instead.
     """
-    msngr = LocalReparameterizationMessenger(estimator="lrt", strict=strict)
+    if estimator == "weights":
+        raise ValueError("estimator='weights' samples no pre-activations: use weight_draws()")
+    msngr = LocalReparameterizationMessenger(estimator=estimator, strict=strict)
     return msngr(fn) if fn is not None else msngr
 
 

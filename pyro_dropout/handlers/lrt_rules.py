@@ -14,7 +14,7 @@ a different input element), only correlations across positions differ.
 from typing import NamedTuple
 
 import torch
-from torch.distributions import Normal
+from torch.distributions import Distribution, Independent, Normal
 
 from .._broadcast import broadcast_shape
 from ..distributions import BernoulliMaskedNormal
@@ -99,3 +99,59 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
     mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
     mean = spec(x * mask, fn.loc)
     return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
+
+
+# -- Flipout (Wen et al. 2018) ----------------------------------------------------------------
+
+
+def _signs(shape, like):
+    """Independent random ±1 of ``shape``."""
+    return torch.rand(shape, dtype=like.dtype, device=like.device).lt_(0.5).mul_(2).sub_(1)
+
+
+def _per_channel(shape, spec):
+    """``shape`` of an input or output with its spatial dims reduced to 1 (one sign per
+    example and channel for a convolution, per example and unit for a Linear layer)."""
+    if isinstance(spec, ConvSpec):
+        return shape[: len(shape) - spec.ndim] + (1,) * spec.ndim
+    return shape
+
+
+@register_local_reparameterization(Normal, estimator="flipout")
+def _flipout_normal(fn, x, spec):
+    r"""Flipout: one perturbation :math:`ΔW = σ \odot ε` per weight draw, decorrelated across
+    examples by random signs, :math:`b_n = \mathrm{op}(x_n, μ) + r_n \odot \mathrm{op}(x_n
+    \odot s_n, ΔW)` with :math:`s_n` per input channel and :math:`r_n` per output channel.
+    Example n then sees the weight :math:`μ + ΔW \odot (r_n s_n^\top)`, distributed exactly
+    as :math:`q` (ε is symmetric and independent of the signs), applied at every position of a
+    convolution: the estimator is exact jointly over positions, unlike per-position LRT."""
+    mean = spec(x, fn.loc)
+    delta = fn.scale * torch.randn(fn.batch_shape, dtype=x.dtype, device=x.device)
+    s = _signs(_per_channel(x.shape, spec), x)
+    pert = spec(x * s, delta)
+    r = _signs(_per_channel(pert.shape, spec), x)
+    return mean + r * pert
+
+
+# -- one weight draw per example ------------------------------------------------------------
+
+
+def weight_event_dims(spec):
+    """Event dims of the weight a spec applies: 1 (vector), 2 (Linear), 2 + ndim (conv)."""
+    if isinstance(spec, ConvSpec):
+        return 2 + spec.ndim
+    return 1 if spec.vector else 2
+
+
+@register_local_reparameterization(Distribution, estimator="per_example")
+def _per_example(fn, x, spec):
+    """One weight draw :math:`W_n \\sim q` per example, applied as one batched matmul or one
+    grouped convolution: exact for any family with ``rsample``, independent across examples,
+    at ``N`` times the weight's memory."""
+    event = weight_event_dims(spec)
+    if len(fn.event_shape) < event:
+        fn = Independent(fn, event - len(fn.event_shape))
+    rows = x.shape[: x.dim() - (spec.feature_dims if isinstance(spec, ConvSpec) else 1)]
+    batch = broadcast_shape(rows, fn.batch_shape)
+    w = fn.expand(batch).rsample()
+    return spec(x, w)

@@ -1,17 +1,26 @@
-"""Registry of local-reparameterisation rules, keyed by weight distribution family."""
+"""Registry of pre-activation samplers, keyed by estimator and weight distribution family."""
 
-__all__ = ["register_local_reparameterization", "lookup_rule"]
+__all__ = ["ESTIMATORS", "register_local_reparameterization", "lookup_rule"]
+
+#: The per-example estimators a rule can implement (see ``docs/local-reparameterization.md``):
+#: ``"lrt"`` samples each output element from its Gaussian marginal (exact jointly over one
+#: example's units for Linear layers, per position for convolutions), ``"flipout"`` perturbs
+#: one shared weight draw with per-example random signs (Wen et al. 2018; exact jointly for
+#: symmetric perturbations), ``"per_example"`` draws one weight per example (exact for any
+#: family, N times the weight's memory).
+ESTIMATORS = ("lrt", "flipout", "per_example")
 
 _RULES = {}
 
 
-def register_local_reparameterization(family):
-    """Register the pre-activation sampler for a weight distribution family.
+def register_local_reparameterization(family, estimator="lrt"):
+    """Register a pre-activation sampler for a weight distribution family.
 
     The decorated function is called as ``rule(fn, x, spec)`` with the guide distribution
     ``fn`` of the weight (``Independent`` wrappers removed), the layer input ``x`` and the
     layer's :class:`~pyro_dropout.nn.functional.LinearSpec` / ``ConvSpec``; it returns one
-    sample of ``spec(x, W)`` (without bias) for ``W ~ fn``, drawn independently per example.
+    sample of ``spec(x, W)`` (without bias) for ``W ~ fn``, drawn independently per example,
+    or a :class:`~pyro_dropout.handlers.lrt_rules.GaussianPreactivation` (mean, variance).
     Dispatch follows the class hierarchy, like :func:`torch.distributions.kl.register_kl`.
 
     Example::
@@ -20,17 +29,20 @@ def register_local_reparameterization(family):
         def _lrt_my_family(fn, x, spec):
             return spec(x, fn.loc)   # a deterministic family
     """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
 
     def decorator(rule):
-        _RULES[family] = rule
+        _RULES[(estimator, family)] = rule
         return rule
 
     return decorator
 
 
-def lookup_rule(fn):
-    """The rule registered for the most specific class of ``fn``, or None."""
+def lookup_rule(fn, estimator="lrt"):
+    """The rule registered for ``estimator`` and the most specific class of ``fn``, or None."""
     for cls in type(fn).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
+        rule = _RULES.get((estimator, cls))
+        if rule is not None:
+            return rule
     return None

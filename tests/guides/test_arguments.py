@@ -151,5 +151,4 @@ def test_guide_configs_are_recorded():
         "alpha": "unit",
         "init_log_alpha": -3.0,
         "init_scale": 0.01,
-        "log_alpha_clip": [-8.0, 8.0],
     }

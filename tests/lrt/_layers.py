@@ -91,17 +91,19 @@ def repeat_rows(x, r):
     return x.unsqueeze(0).expand((r,) + x.shape).reshape((r * x.shape[0],) + x.shape[1:])
 
 
-def lrt_draws(layer, guide, x, r):
-    """``r`` LRT draws of the layer output for each of the ``K`` inputs: ``(r, K, *out)``.
+def lrt_draws(layer, guide, x, r, estimator="auto"):
+    """``r`` draws of the layer output for each of the ``K`` inputs: ``(r, K, *out)``.
 
-    One guide draw, replayed into the layer under ``local_reparameterization()``; the ``r·K``
-    rows of the tiled input each get their own pre-activation noise.
+    The guide and the layer run once inside ``pyro.plate("draws", r, dim=-2)`` under
+    ``local_reparameterization(estimator=...)``: every draw has its own weight distribution
+    sample (ε of Flipout, masks of per-example draws), so the ``r`` outputs of an input are
+    independent draws of its marginal for every estimator. (Rows of one pass are not
+    independent under Flipout, which shares one perturbation per pass.)
     """
-    xr = repeat_rows(x, r)
-    with local_reparameterization():
-        tr = poutine.trace(guide).get_trace(xr)
-        out = poutine.replay(layer, trace=tr)(xr)
-    return out.reshape((r,) + x.shape[:1] + out.shape[1:])
+    with local_reparameterization(estimator=estimator), pyro.plate("draws", r, dim=-2):
+        tr = poutine.trace(guide).get_trace(x)
+        out = poutine.replay(layer, trace=tr)(x)
+    return out
 
 
 def reference(layer, x, w, b):

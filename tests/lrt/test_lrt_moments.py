@@ -188,22 +188,24 @@ def test_lrt_moments_with_library_guides(kind, guide_cls, kwargs):
 def test_lrt_moments_inside_particle_plate(kind, family):
     """Vectorised particles: guide and layer run inside ``pyro.plate("particles", P, dim=-2)``
     (as ``vectorize_particles=True`` does), so the weights carry batch shape ``(P, 1)`` and the
-    output is ``(P, B, ...)``; the P·B pre-activations per input have the same moments."""
+    output is ``(P, B, ...)``: each particle is an independent draw of every input's output."""
     layer, x = make_layer(kind)
     dists = make_dists(layer, family)
-    P, reps = 50, R // 50
-    xr = repeat_rows(x, reps)
-    with local_reparameterization():
-        with pyro.plate("particles", P, dim=-2):
-            tr = poutine.trace(guide_from(dists)).get_trace(xr)
-            out = poutine.replay(layer, trace=tr)(xr)
+    P, passes = 2000, R // 2000
+    outs = []
+    for _ in range(passes):
+        with local_reparameterization():
+            with pyro.plate("particles", P, dim=-2):
+                tr = poutine.trace(guide_from(dists)).get_trace(x)
+                out = poutine.replay(layer, trace=tr)(x)
+        outs.append(out)
     wshape = tr.nodes["weight"]["value"].shape
     assert wshape == (P, 1) + layer.weight_shape
-    assert out.shape[:2] == (P, xr.shape[0])
-    lrt = out.reshape((P * reps,) + x.shape[:1] + out.shape[2:])
+    assert out.shape[:2] == (P, x.shape[0])
     # The draws of different particles are independent, not copies of each other.
     assert not torch.equal(out[0], out[1])
-    ref = weight_draws(layer, dists, x, P * reps)
+    lrt = torch.cat(outs)
+    ref = weight_draws(layer, dists, x, P * passes)
     mean, var = exact_moments(layer, dists, x)
     _assert_same_moments(lrt, ref, mean, var, f"particles {kind}/{family}")
 
