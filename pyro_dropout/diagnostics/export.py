@@ -25,7 +25,9 @@ group                          variables (dims after ``chain, draw``)
 The last two groups are this package's extension of the ArviZ schema (held-out targets and
 their pointwise log-likelihood), so that held-out scores can be computed from the object alone.
 Root attributes (also copied onto ``posterior``) record ``guide_family``, ``guide_config``
-(JSON string), ``guide_class``, ``obs_name``, ``task``, ``num_samples`` and library versions.
+(JSON string), ``guide_class``, ``obs_name``, ``task``, ``num_samples``,
+``improper_prior_sites`` (JSON list of the latent sites with an improper prior: then
+``sample_stats.lp`` is unnormalised and the VI k-hat is not reported) and library versions.
 """
 
 from __future__ import annotations
@@ -265,6 +267,7 @@ def to_inference_data(
         "model_name": getattr(model, "__name__", type(model).__name__),
         "obs_name": obs_name,
         "task": draws.task,
+        "improper_prior_sites": json.dumps(draws.improper_prior_sites),
         "num_samples": int(num_samples),
         "parallel": str(parallel),
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(),

@@ -53,6 +53,7 @@ class Draws:
     test: PredictiveDraws | None = None
     latent_names: list[str] = field(default_factory=list)
     obs_name: str = "obs"  # the observed site
+    improper_prior_sites: list[str] = field(default_factory=list)
 
 
 def _as_tensor(a: Any) -> Any:
@@ -174,6 +175,7 @@ def draw_posterior(
         test=test,
         latent_names=list(run.latent_names),
         obs_name=obs,
+        improper_prior_sites=list(run.improper_prior_sites),
     )
 
 

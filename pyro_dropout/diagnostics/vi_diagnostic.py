@@ -28,11 +28,14 @@ nothing flags it except this k-hat.
 
 from __future__ import annotations
 
+import json
+import warnings
 from typing import Any
 
 import numpy as np
 
 from . import _arviz_compat as compat
+from . import _reader
 
 __all__ = [
     "FLAT_RTOL",
@@ -119,11 +122,26 @@ def _is_point_mass(posterior: Any) -> bool:
     )
 
 
+def _improper_sites(data: Any) -> list[str]:
+    raw = _reader.attrs(data).get("improper_prior_sites", "[]")
+    try:
+        return list(json.loads(raw))
+    except (TypeError, ValueError):
+        return []
+
+
 def vi_diagnostic(data: Any) -> dict[str, Any]:
     """VI k-hat of a fit exported by :func:`pyro_dropout.diagnostics.to_inference_data`.
 
     Reads ``sample_stats.lp`` (log p(theta, D)) and ``sample_stats.lq`` (log q(theta)) and the
     posterior draws (to detect a point-mass guide).
+
+    **Improper priors.** When the export records latent sites with an improper prior (e.g.
+    :class:`~pyro_dropout.ImproperLogUniform`, attribute ``improper_prior_sites``), ``lp``
+    uses an unnormalised log density that is not integrable: ``p(theta, D) / q(theta)`` is
+    then not an importance ratio towards any posterior and its tail index says nothing about
+    q. The k-hat is reported as NaN, with a ``UserWarning`` that names the sites; refit with a
+    proper prior (e.g. ``Normal``) to diagnose the approximation.
 
     Returns:
         ``{"khat": float, "diagnosis": str, "point_mass": bool, "num_draws": int}``.
@@ -148,6 +166,21 @@ def vi_diagnostic(data: Any) -> dict[str, Any]:
         and compat.has_group(data, "posterior")
         and _is_point_mass(compat.get_group(data, "posterior"))
     )
+    improper = _improper_sites(data)
+    if improper:
+        warnings.warn(
+            f"VI k-hat not computed: the prior of {', '.join(improper)} is improper, so "
+            "log p(theta, D) is unnormalised and p/q is not an importance ratio; refit with a "
+            "proper prior (e.g. Normal) to diagnose the approximation.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return {
+            "khat": float("nan"),
+            "diagnosis": f"undefined: improper prior on {', '.join(improper)}",
+            "point_mass": bool(point_mass),
+            "num_draws": int(log_p.size),
+        }
     khat = float("inf") if point_mass else vi_khat(log_p, log_q)
     return {
         "khat": khat,

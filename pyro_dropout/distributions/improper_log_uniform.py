@@ -31,6 +31,9 @@ class ImproperLogUniform(TorchDistribution):
     arg_constraints = {}
     support = constraints.real
     has_rsample = False
+    #: Its density does not integrate to one (nor to anything finite): code that needs a
+    #: normalised prior (e.g. the VI k-hat of an export) checks this flag.
+    improper = True
 
     def __init__(self, batch_shape=torch.Size(), validate_args=None):
         super().__init__(torch.Size(batch_shape), torch.Size(), validate_args=validate_args)

@@ -122,6 +122,8 @@ class DrawRun:
     log_q: torch.Tensor | None = None  # (S,) log q(theta_s)
     vectorized: bool = False
     latent_names: list = field(default_factory=list)
+    #: latent sites whose prior is improper (flag ``improper``), e.g. ImproperLogUniform
+    improper_prior_sites: list = field(default_factory=list)
     obs_event_shape: list = field(default_factory=list)  # per data set
 
 
@@ -181,6 +183,15 @@ def _is_observable(model_trace, guide_trace, name):
         and not site_is_subsample(site)
         and name not in guide_trace.nodes
     )
+
+
+def is_improper(fn):
+    """Whether a distribution (through its wrappers) is flagged ``improper``."""
+    while fn is not None:
+        if getattr(fn, "improper", False):
+            return True
+        fn = getattr(fn, "base_dist", None)
+    return False
 
 
 def _latent_names(model_trace, guide_trace):
@@ -356,8 +367,9 @@ def run_draws(
         the traces: ``"_log_lik"`` ``log p(y_i | θ_s)`` (when observed), ``"_y_rep"`` a
         predictive draw, ``"_mean"`` its mean (real-valued sites) and ``"_probs"`` the
         probability of each value (discrete sites with enumerable support).
-    :param str estimator: ``"lrt"`` (local reparameterisation) or ``"weights"`` (weight draws;
-        blocks an enclosing ``local_reparameterization()``).
+    :param str estimator: ``"weights"`` (weight draws; blocks an enclosing
+        ``local_reparameterization()``) or an estimator of
+        :func:`~pyro_dropout.local_reparameterization` (``"auto"``, ``"lrt"``, ...).
     :param vectorize: ``"auto"`` (vectorised passes, one draw per pass when the model does not
         broadcast), ``True`` (vectorised or :class:`NotVectorizable`) or ``False``.
     :param chunk_size: draws per vectorised pass; by default sized from the first draw.
@@ -366,7 +378,10 @@ def run_draws(
         raise ValueError(f"vectorize must be 'auto', True or False; got {vectorize!r}")
     num_draws = int(num_draws)
     data = [_Data(a, k) for a, k in datasets]
-    messenger = local_reparameterization() if estimator == "lrt" else weight_draws()
+    if estimator == "weights":
+        messenger = weight_draws()
+    else:
+        messenger = local_reparameterization(estimator=estimator)
     acc = _Accumulator(len(data))
     run = DrawRun(obs_name=obs_name, obs=[None] * len(data), values=[{} for _ in data])
     with messenger:
@@ -377,7 +392,10 @@ def run_draws(
             run.obs_name = obs_name if _is_observable(m_tr0, g_tr, obs_name) else None
         elif find_obs or obs_name is not None:
             run.obs_name = choose_obs_site(m_tr0, g_tr, obs_name)
-        run.latent_names = _latent_names(m_trs[0][0][1], g_tr)
+        run.latent_names = _latent_names(m_tr0, g_tr)
+        run.improper_prior_sites = [
+            n for n in run.latent_names if is_improper(m_tr0.nodes[n]["fn"])
+        ]
         nesting = _plate_nesting([g_tr] + [tr for chunks in m_trs for _, tr in chunks])
         opts = (
             run.obs_name,

@@ -32,6 +32,7 @@ def fit(
     optim=None,
     lr=1e-3,
     local_reparameterization=True,
+    estimator="auto",
     jit=False,
     validate="first",
     num_particles=1,
@@ -69,6 +70,9 @@ def fit(
         :class:`~pyro_dropout.infer.FusedOptim`).
     :param bool local_reparameterization: sample pre-activations instead of weights
         (:func:`~pyro_dropout.local_reparameterization`).
+    :param estimator: with local reparameterisation, how each layer is sampled per example:
+        ``"auto"`` (exact LRT for Linear layers; Flipout, or one weight per example for MC
+        dropout, for convolutions), ``"lrt"``, ``"flipout"`` or ``"per_example"``.
     :param bool jit: compile the loss with Pyro's JIT
         (:class:`~pyro_dropout.infer.JitMeanFieldELBO`): about 2× faster steps on small
         networks, for models whose structure is static (one trace per minibatch shape).
@@ -118,7 +122,7 @@ def fit(
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
     losses = []
-    ctx = _lrt() if local_reparameterization else contextlib.nullcontext()
+    ctx = _lrt(estimator=estimator) if local_reparameterization else contextlib.nullcontext()
     bar = tqdm(total=total, disable=not progress, desc=f"fit {type(guide).__name__}")
     with ctx, bar:
         for step in range(total):

@@ -183,6 +183,7 @@ def predict(
     *,
     site=None,
     vectorize="auto",
+    estimator="auto",
     **model_kwargs,
 ):
     """Draw ``num_samples`` posterior predictions for inputs ``x`` from any Pyro model.
@@ -205,6 +206,8 @@ def predict(
         a CPU, where cache-sized passes are fastest; 64M elsewhere).
     :param vectorize: ``"auto"``, ``True`` (error when the model does not broadcast) or
         ``False`` (one draw per pass).
+    :param estimator: with local reparameterisation, how each layer is sampled per example
+        (see :func:`~pyro_dropout.local_reparameterization`; default ``"auto"``).
     :param model_kwargs: further keyword arguments of the model (and guide).
     :returns: a :class:`Prediction` with ``samples`` of shape ``(T, N, ...)``.
 
@@ -234,7 +237,7 @@ def predict(
         find_obs=site is None,
         obs_optional=site is not None,
         value_sites=() if site is None else (site,),
-        estimator="lrt" if local_reparameterization else "weights",
+        estimator=estimator if local_reparameterization else "weights",
         vectorize=vectorize,
         chunk_size=chunk_size,
     )

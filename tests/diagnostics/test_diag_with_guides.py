@@ -66,7 +66,39 @@ def test_compare_table_for_the_three_guides(fits):
     assert np.isfinite(table["elpd_loo"]).all()
     # Held-out scores come from the predictions groups.
     assert np.isfinite(table["test_lpd"]).all() and (table["test_rmse"] < 0.5).all()
-    assert table["vi_khat"].notna().all()
+    # the k-hat column is the Pareto k of log p(theta, D) - log q(theta), from each export
+    for name, d in fits.items():
+        stats = compat.get_group(d, "sample_stats")
+        log_ratio = (stats["lp"].values - stats["lq"].values).ravel()
+        assert table.loc[name, "vi_khat"] == pytest.approx(compat.psis_khat(log_ratio))
+    # and these BNN guides are far from the posterior (Yao et al.: k >= 0.7), as the demo finds
+    assert (table["vi_khat"] > 0.7).all()
+
+
+def test_khat_is_not_reported_under_an_improper_prior(data):
+    from pyro_dropout import ImproperLogUniform
+    from pyro_dropout.diagnostics import vi_diagnostic
+
+    x, y, xt, yt = data
+    model = BayesianMLP(1, 1, hidden=(8,), tau=100.0, prior=ImproperLogUniform(), bias_prior=1.0)
+    guide = AutoVariationalDropout(model)
+    fit(model, guide, x, y, num_steps=20, lr=1e-2, progress=False, seed=1)
+    d = to_inference_data(model, guide, x, y, 40, seed=2)
+    assert "net.layers.0.weight" in compat.root_attrs(d)["improper_prior_sites"]
+    with pytest.warns(UserWarning, match="improper"):
+        res = vi_diagnostic(d)
+    assert np.isnan(res["khat"]) and res["diagnosis"].startswith("undefined: improper prior")
+    with pytest.warns(UserWarning, match="improper"):
+        table = compare({"vd": d, "other": fits_without_improper(data)})
+    assert np.isnan(table.loc["vd", "vi_khat"]) and np.isfinite(table.loc["other", "vi_khat"])
+
+
+def fits_without_improper(data):
+    x, y, _, _ = data
+    model = BayesianMLP(1, 1, hidden=(8,), tau=100.0)
+    guide = AutoMeanField(model)
+    fit(model, guide, x, y, num_steps=20, lr=1e-2, progress=False, seed=1)
+    return to_inference_data(model, guide, x, y, 40, seed=2)
 
 
 def test_netcdf_round_trip_with_a_guide_fit(fits, tmp_path):

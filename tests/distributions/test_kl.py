@@ -118,6 +118,74 @@ def test_bmn_kl_matches_componentwise_formula():
     torch.testing.assert_close(kl_bernoulli_masked_normal_normal(q, p), expected)
 
 
+@pytest.mark.parametrize("sigma", ["scalar", "elementwise"])
+@pytest.mark.parametrize("rate", ["scalar", "per_column", "batch_tensor"])
+@pytest.mark.parametrize("prior", ["scalar", "elementwise"])
+@pytest.mark.parametrize("expanded", [False, True], ids=["plain", "plate-expanded"])
+def test_bmn_kl_every_parameter_layout_against_the_expanded_reference(sigma, rate, prior, expanded):
+    """Every layout the guides emit (one shared slab σ or one per weight; one drop rate, one
+    per input column, or a tensor per plate member; a scalar or element-wise Normal prior;
+    the distribution expanded by a plate) against the reference computed on explicitly
+    expanded tensors, where every constant is counted once per weight. (Dropping the factor
+    that counts a broadcast σ once per weight gave 9.08 instead of 30.77 for a 5x3 weight and
+    was not caught by the element-wise-only tests.)"""
+    seeded(31)
+    batch = (2,) if rate == "batch_tensor" or expanded else ()
+    event = (5, 3)
+    loc = torch.randn(batch + event, dtype=torch.float64)
+    scale = (
+        torch.tensor(0.3, dtype=torch.float64)
+        if sigma == "scalar"
+        else torch.rand(batch + event, dtype=torch.float64) + 0.1
+    )
+    p = {
+        "scalar": torch.tensor(0.2, dtype=torch.float64),
+        "per_column": torch.tensor([[0.1, 0.4, 0.6]], dtype=torch.float64),
+        "batch_tensor": torch.tensor([0.1, 0.5], dtype=torch.float64).reshape(2, 1, 1),
+    }[rate]
+    if prior == "scalar":
+        loc0, scale0 = (
+            torch.tensor(0.0, dtype=torch.float64),
+            torch.tensor(0.7, dtype=torch.float64),
+        )
+    else:
+        loc0 = 0.2 * torch.randn(event, dtype=torch.float64)
+        scale0 = torch.rand(event, dtype=torch.float64) + 0.5
+    q = BernoulliMaskedNormal(
+        loc if not expanded else loc[0],
+        scale if sigma == "scalar" or not expanded else scale[0],
+        p if rate != "batch_tensor" or not expanded else p[0],
+        event_dim=2,
+    )
+    if expanded:
+        q = q.expand((2,))
+        loc = q.loc
+        scale = q.scale
+    prior_dist = dist.Normal(loc0, scale0).expand(event).to_event(2)
+    full = q.batch_shape + event
+    L, S = loc.expand(full), scale.expand(full)
+    L0, S0 = loc0.expand(full), scale0.expand(full)
+    P = q.dropout_rate.expand(q.batch_shape + (1, 3))
+    on = kl_divergence(dist.Normal(L, S), dist.Normal(L0, S0)).sum(-2, keepdim=True)
+    off = kl_divergence(dist.Normal(0 * L, S), dist.Normal(L0, S0)).sum(-2, keepdim=True)
+    expected = ((1 - P) * on + P * off - _bernoulli_entropy(P)).sum((-2, -1))
+    kl = kl_divergence(q, prior_dist)
+    assert kl.shape == q.batch_shape
+    torch.testing.assert_close(kl, expected)
+
+
+def test_bmn_kl_scalar_sigma_value_of_the_reported_case():
+    """The 5x3 case of the review: a scalar σ must be counted once per weight."""
+    loc = torch.arange(15, dtype=torch.float64).reshape(5, 3) / 10
+    q = BernoulliMaskedNormal(loc, torch.tensor(0.1, dtype=torch.float64), 0.5, event_dim=2)
+    prior = dist.Normal(torch.zeros(5, 3, dtype=torch.float64), 1.0).to_event(2)
+    per_weight = math.log(1 / 0.1) + 0.5 * (0.01 - 1)  # log(s0/σ) + (σ²/s0² - 1)/2
+    on = 15 * per_weight + 0.5 * float((loc**2).sum())
+    off = 15 * per_weight
+    expected = 0.5 * on + 0.5 * off - 3 * math.log(2)
+    assert float(kl_divergence(q, prior)) == pytest.approx(expected, rel=1e-12)
+
+
 def test_bmn_kl_small_sigma_is_weight_decay():
     """For σ → 0 and prior N(0, l⁻²) the σ-free part of the KL is the L2 term (1-p) l²/2 ‖M‖²."""
     loc = torch.randn(6, 4, dtype=torch.float64)
