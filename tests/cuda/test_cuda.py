@@ -91,7 +91,7 @@ def test_learned_noise_and_classification():
     model = BayesianMLP(3, 1, hidden=(16,)).to(CUDA)  # learned noise scale
     guide = AutoMeanField(model)
     fit(model, guide, x, y, num_steps=30, jit=True, seed=0, progress=False)
-    assert _on_cuda(model.likelihood.noise_scale)
+    assert _on_cuda(guide.median()["likelihood.noise_scale"])  # the guide's latent noise
     labels = (y > 0).long()
     clf = BayesianMLP(3, 2, hidden=(16,), likelihood="classification").to(CUDA)
     g = AutoDropout(clf, dropout_rate=0.2)
@@ -164,3 +164,43 @@ def test_batched_uci_model_trains_and_evaluates():
         model, guide, x, y, len(grid), torch.zeros(m), torch.ones(m), eval_tau(), num_samples=50
     )
     assert torch.isfinite(ev.rmse).all() and torch.isfinite(ev.ll).all()
+
+
+def test_user_models_and_conv_estimators():
+    """A PyroModule[nn.Linear] network and a PyroModule[nn.Conv2d] CNN (guided values,
+    Flipout and per-example draws on the GPU), fitted and predicted."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroModule, PyroSample
+
+    zero = torch.zeros((), device=CUDA)  # priors on the device, as a GPU user writes them
+
+    def prior(*shape):
+        return dist.Normal(zero, 1.0).expand(shape).to_event(len(shape))
+
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.conv = PyroModule[torch.nn.Conv2d](1, 3, 3, padding=1)
+            self.conv.weight = PyroSample(prior(3, 1, 3, 3))
+            self.conv.bias = PyroSample(prior(3))
+            self.fc = PyroModule[torch.nn.Linear](48, 2)
+            self.fc.weight = PyroSample(prior(2, 48))
+            self.fc.bias = PyroSample(prior(2))
+
+        def forward(self, x, y=None):
+            h = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2).flatten(1)
+            logits = self.fc(h)
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+            return logits
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 1, 8, 8, generator=g).to(CUDA)
+    y = torch.randint(0, 2, (32,), generator=g).to(CUDA)
+    model = Net().to(CUDA)
+    for make in GUIDES.values():
+        guide = make(model)
+        fit(model, guide, x, y, num_steps=5, seed=0, progress=False)
+        pred = predict(model, guide, x, num_samples=6)
+        assert _on_cuda(pred.probs) and pred.probs.shape == (32, 2)
+        assert torch.isfinite(pred.log_likelihood(y)).all()

@@ -79,3 +79,38 @@ def test_lrt_reduces_gradient_variance_tenfold():
         f"bound {lower:.1f} is not above {REQUIRED_RATIO}"
     )
     print(f"measured gradient-variance ratio (weights / LRT): {ratio:.1f} (lower {lower:.1f})")
+
+
+@pytest.mark.parametrize("name", ["tutorial", "functional"])
+def test_lrt_reduces_gradient_variance_tenfold_on_user_models(name):
+    """The same target on models users write: Pyro's tutorial ``PyroModule[nn.Linear]``
+    network and a functional model with ``x @ w.T`` (measured ratios 40-140x for the three
+    guides; AutoMeanField checked here with the same 4.5-SE lower bound)."""
+    pyro.set_rng_seed(0)
+    ZOO = _zoo()
+    build, data, _ = ZOO[name]
+    model = build()
+    x, y = data(256, 0)
+    guide = AutoMeanField(model, init_scale=0.1)
+    guide(x, y)
+    site = "layer1.weight" if name == "tutorial" else "w1"
+    loc = dict(guide.named_parameters())[f"locs.{site}_unconstrained"]
+    g_w = _gradient_draws(model, guide, x, y, loc, lrt=False, repeats=REPEATS)
+    g_l = _gradient_draws(model, guide, x, y, loc, lrt=True, repeats=REPEATS)
+    (v_w, se_w), (v_l, se_l) = _total_variance(g_w), _total_variance(g_l)
+    ratio = v_w / v_l
+    log_se = math.sqrt((se_w / v_w) ** 2 + (se_l / v_l) ** 2)
+    lower = ratio * math.exp(-4.5 * log_se)
+    assert lower > REQUIRED_RATIO, f"{name}: ratio {ratio:.1f}, 4.5-SE lower bound {lower:.1f}"
+
+
+def _zoo():
+    """The zoo of user models of ``tests/zoo/_models.py`` (another test package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "zoo" / "_models.py"
+    spec = importlib.util.spec_from_file_location("_zoo_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ZOO
