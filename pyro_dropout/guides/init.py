@@ -88,7 +88,8 @@ def init_to_module(module, fallback=None):
                     f"init_to_module: parameter {matches[0]!r} has shape {tuple(value.shape)} "
                     f"but site {name!r} has shape {tuple(shape)}"
                 )
-            return value.to(torch.get_default_dtype())
+            # the site's dtype (a float64 model keeps the network's float64 weights exactly)
+            return value.to(dist_dtype(site["fn"]) or torch.get_default_dtype())
         if fallback is None:
             raise ValueError(
                 f"init_to_module: no parameter of the module matches site {name!r} (module "

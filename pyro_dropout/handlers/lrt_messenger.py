@@ -28,8 +28,11 @@ local_reparameterization=False)``, the ArviZ export) protects itself from an enc
 """
 
 import copy
+import os
+import sys
 import warnings
 
+import pyro
 import torch
 from pyro.distributions import Delta
 from pyro.poutine.messenger import Messenger
@@ -352,7 +355,23 @@ class LocalReparameterizationMessenger(Messenger):
             raise NotImplementedError(message)
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, LocalReparameterizationWarning, stacklevel=4)
+            warnings.warn(message, LocalReparameterizationWarning, stacklevel=_user_stacklevel())
+
+
+#: Frames in these directories are not the user's code (the warning points past them).
+_INTERNAL_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (sys.modules[__package__.split(".")[0]], pyro, torch)
+)
+
+
+def _user_stacklevel():
+    """``stacklevel`` for a warning issued by the caller: its first frame outside
+    pyro_dropout, Pyro and torch (the line of the user's model that made the call)."""
+    frame, level = sys._getframe(1), 1  # the caller of warnings.warn is stacklevel 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _is_guided(t):

@@ -25,6 +25,13 @@ from .._broadcast import broadcast_shape, unexpand
 __all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "unexpand"]
 
 
+def _unexpand_batch(t, event_dim):
+    """:func:`unexpand` on the batch dims only: the event dims keep their sizes (a prior such
+    as ``Normal(0., 1.).expand(shape)`` has a fully broadcast ``loc``)."""
+    u = unexpand(t)
+    return u.expand(u.shape[: u.dim() - event_dim] + t.shape[t.dim() - event_dim :])
+
+
 def _split_batch(x_batch, w_batch):
     """How many trailing input batch dims the weight does not vary over (its "row" dims)."""
     rows = 0
@@ -57,7 +64,7 @@ class LinearSpec:
             out = LinearSpec(transposed=True)(x, weight.unsqueeze(-1))
             out = out.squeeze(-1)
             return out if bias is None else out + bias
-        weight = unexpand(weight)
+        weight = _unexpand_batch(weight, 2)
         if self.transposed:
             weight = weight.transpose(-1, -2)
         event = weight.shape[-2:]
@@ -107,7 +114,7 @@ class ConvSpec:
 
     def __call__(self, x, weight):
         nd = self.ndim
-        weight = unexpand(weight)
+        weight = _unexpand_batch(weight, 2 + nd)
         kernel_event = weight.shape[-(2 + nd) :]
         w_batch = weight.shape[: -(2 + nd)]
         x_event = x.shape[-(1 + nd) :]
