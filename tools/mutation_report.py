@@ -4,7 +4,7 @@ surviving mutants, each with its diff, sorted into
 * ``message``: only the text of an error or warning message changed (the message the user
   reads, not a result; the messages that matter are pinned by ``pytest.raises(match=...)``);
 * ``result``: anything else, to be killed by a test or argued equivalent in
-  ``tools/mutation_equivalent.txt`` (one mutant name per line, ``#`` comments).
+  ``tools/mutation_equivalent*.txt`` (one mutant name per line, then ``#`` and the reason).
 
     python tools/mutation_report.py [--out mutation-report.md]
 
@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EQUIVALENT = ROOT / "tools" / "mutation_equivalent.txt"
+EQUIVALENT = sorted((ROOT / "tools").glob("mutation_equivalent*.txt"))
 
 
 def _statuses(mutants: Path) -> dict[str, int | None]:
@@ -65,13 +65,12 @@ def _is_message_only(diff: str) -> bool:
 
 
 def _equivalent() -> set[str]:
-    if not EQUIVALENT.exists():
-        return set()
     names = set()
-    for line in EQUIVALENT.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.add(line)
+    for path in EQUIVALENT:
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                names.add(line)
     return names
 
 
@@ -85,7 +84,7 @@ def main(argv=None):
     per_module = defaultdict(Counter)
     survivors = defaultdict(list)
     for name, code in sorted(status.items()):
-        module = name.split(".x")[0].split("__mutmut")[0].rsplit(".", 1)[0]
+        module = name.split(".x", 1)[0]
         kind = {1: "killed", 0: "survived", None: "not run"}.get(code, f"exit {code}")
         if kind == "survived":
             diff = _diff(name)
