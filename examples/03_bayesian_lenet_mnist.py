@@ -75,8 +75,13 @@ print(images.shape, "train pool", len(train_idx), "test", len(test_idx))
 #
 # `AutoDropout` drops the *input* of every Bayesian layer. The first convolution's input is
 # the image itself, which LeNet-all does not drop, so it gets rate 0 through the per-site
-# mapping; every later layer drops with $p = 0.5$. Under local reparameterisation a
-# convolution's mask drops input elements, i.e. dropout after the previous convolution.
+# mapping; every later layer drops with $p = 0.5$. For a convolution the weight-space mask has
+# one value per input channel and kernel position, shared by every output position; under
+# `local_reparameterization()` (which `fit` turns on) each example gets its own weight draw
+# (the default `estimator="auto"` picks `"per_example"` for convolutions), so training and
+# prediction use exactly the family that is exported. `estimator="lrt"` would drop input
+# elements per position instead: cheaper, but a different distribution once positions are
+# pooled (see the local-reparameterisation page).
 
 
 # %%

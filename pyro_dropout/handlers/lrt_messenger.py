@@ -355,7 +355,11 @@ class LocalReparameterizationMessenger(Messenger):
             raise NotImplementedError(message)
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, LocalReparameterizationWarning, stacklevel=_user_stacklevel())
+            warnings.warn(
+                message,
+                LocalReparameterizationWarning,
+                stacklevel=_user_stacklevel(sys._getframe()),
+            )
 
 
 #: Frames in these directories are not the user's code (the warning points past them).
@@ -365,10 +369,12 @@ _INTERNAL_DIRS = tuple(
 )
 
 
-def _user_stacklevel():
-    """``stacklevel`` for a warning issued by the caller: its first frame outside
-    pyro_dropout, Pyro and torch (the line of the user's model that made the call)."""
-    frame, level = sys._getframe(1), 1  # the caller of warnings.warn is stacklevel 1
+def _user_stacklevel(frame):
+    """``stacklevel`` for a warning issued from ``frame`` (stacklevel 1): the first frame
+    outside pyro_dropout, Pyro and torch, i.e. the line of the user's model that made the call.
+    (The call paths have different depths, so no fixed stacklevel is right; Python 3.12's
+    ``skip_file_prefixes`` does this, 3.11 does not have it.)"""
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
         frame, level = frame.f_back, level + 1
     return level
