@@ -33,17 +33,18 @@ __all__ = ["GuidedValue", "SiteRecord", "laid_out", "plain", "wrap"]
 
 class SiteRecord:
     """What a :class:`GuidedValue` knows of its site: the name, the event dims of the value,
-    the owning messenger, the Pyro stack depth at which the model drew it (uses at a
-    shallower depth happen after the model returned, e.g. in the ELBO's log densities) and the
+    the owning messenger, the trace of the model run that drew it (``None`` if untraced: once
+    that trace has left Pyro's stack, the model has returned and uses are the ELBO's log
+    densities or stacking of samples; a plate exited inside the model does not count) and the
     plain value in the site's own layout."""
 
-    __slots__ = ("name", "event_dim", "owner", "depth", "value")
+    __slots__ = ("name", "event_dim", "owner", "run", "value")
 
-    def __init__(self, name, event_dim, owner, depth, value):
+    def __init__(self, name, event_dim, owner, run, value):
         self.name = name
         self.event_dim = event_dim
         self.owner = owner
-        self.depth = depth
+        self.run = run
         self.value = value
 
 
@@ -112,6 +113,7 @@ def _op_name(func):
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
     if name == "getset_descriptor.__get__":
         return "a tensor attribute"
+    name = name.replace("_VariableFunctionsClass.", "torch.")
     return name.replace("_TensorBase.", "Tensor.").replace("TensorBase.", "Tensor.")
 
 
@@ -119,7 +121,7 @@ def _op_name(func):
 
 
 def _event_transpose(args, kwargs, check):
-    w = args[0]
+    w = args[0] if args else kwargs.get("input")  # torch.t(input=w) passes it by keyword
     if not isinstance(w, GuidedValue) or w._pd_site.event_dim != 2 or not check(args, kwargs):
         return NotImplemented
     base = w._pd_plain
@@ -128,7 +130,8 @@ def _event_transpose(args, kwargs, check):
 
 
 def _always(args, kwargs):
-    return not kwargs and len(args) == 1
+    # .T, .mT, .t(), torch.t(w) and torch.t(input=w): the only argument is the matrix
+    return len(args) + len(kwargs) == 1
 
 
 def _swaps_matrix_dims(args, kwargs):
@@ -169,26 +172,24 @@ def _matmul(args, kwargs):
     return w._pd_site.owner.answer_linear(x, w, None, transposed_layout=not w._pd_transposed)
 
 
-def _conv(ndim):
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
-    def handler(args, kwargs):
-        a = dict(zip(names, args, strict=False)) | kwargs
-        x, w = a.get("input"), a.get("weight")
-        if not isinstance(w, GuidedValue) or isinstance(x, GuidedValue) or w._pd_transposed:
-            return NotImplemented
-        return w._pd_site.owner.answer_conv(
-            x,
-            w,
-            a.get("bias"),
-            ndim=ndim,
-            stride=a.get("stride", 1),
-            padding=a.get("padding", 0),
-            dilation=a.get("dilation", 1),
-            groups=a.get("groups", 1),
-        )
 
-    return handler
+def _conv(ndim, args, kwargs):
+    a = dict(zip(_CONV_ARGS, args, strict=False)) | kwargs
+    x, w = a.get("input"), a.get("weight")
+    if not isinstance(w, GuidedValue) or isinstance(x, GuidedValue) or w._pd_transposed:
+        return NotImplemented
+    return w._pd_site.owner.answer_conv(
+        x,
+        w,
+        a.get("bias"),
+        ndim=ndim,
+        stride=a.get("stride", 1),
+        padding=a.get("padding", 0),
+        dilation=a.get("dilation", 1),
+        groups=a.get("groups", 1),
+    )
 
 
 #: Queries that read metadata only (fast path; Pyro and the layers ask them often).
@@ -214,6 +215,8 @@ _HANDLERS = {
     torch.Tensor.__matmul__: _matmul,
     torch.mm: _matmul,
     torch.Tensor.mm: _matmul,
-    F.conv1d: _conv(1),
-    F.conv2d: _conv(2),
+    # the conv handler is called per use (not built at import) so that each call runs the
+    # current code (mutation testing swaps functions at call time)
+    F.conv1d: lambda a, k: _conv(1, a, k),
+    F.conv2d: lambda a, k: _conv(2, a, k),
 }

@@ -37,6 +37,7 @@ import torch
 from pyro.distributions import Delta
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import Independent, Normal, constraints
 from torch.nn.modules.utils import _pair, _single
@@ -190,7 +191,7 @@ class LocalReparameterizationMessenger(Messenger):
         if self._is_innermost():
             value = plain(value)
             laid_out = align_to_frames(value, event_dim, msg["cond_indep_stack"])
-            site = SiteRecord(name, event_dim, self, len(_PYRO_STACK), laid_out)
+            site = SiteRecord(name, event_dim, self, self._model_run(), laid_out)
             msg["value"] = wrap(value, site)
 
     # -- answering operations --------------------------------------------------------------
@@ -217,7 +218,10 @@ class LocalReparameterizationMessenger(Messenger):
     def answer_conv(self, x, w, bias, ndim, stride, padding, dilation, groups):
         """``F.conv1d`` / ``F.conv2d`` of ``x`` with the guided kernel ``w``."""
         site = w._pd_site
-        if site.event_dim != ndim + 2:
+        if site.event_dim != ndim + 2:  # part of the kernel is batch: no rule, as drawn
+            self.unsupported_use(
+                site, f"F.conv{ndim}d with a kernel of {site.event_dim} event dims"
+            )
             fn = torch.conv1d if ndim == 1 else torch.conv2d
             return fn(x, laid_out(w), laid_out(bias), stride, padding, dilation, groups)
         tup = _single if ndim == 1 else _pair
@@ -336,8 +340,10 @@ class LocalReparameterizationMessenger(Messenger):
         """A guided value met an operation without a rule: warn once per weight site (or raise
         when ``strict``). Uses after the model returned (the ELBO's log densities, stacking
         of samples) and uses of vectors such as biases (drawn values, as sampled) are fine."""
-        if not self._active or len(_PYRO_STACK) < site.depth or site.event_dim < 2:
+        if not self._active or site.event_dim < 2:
             return
+        if site.run is not None and not any(m is site.run for m in _PYRO_STACK):
+            return  # the model run that drew it is over
         if self.estimator == "weights":
             return
         self._report(
@@ -349,6 +355,17 @@ class LocalReparameterizationMessenger(Messenger):
             "on the right, and F.conv1d/conv2d. Pass strict=True to make this an error.",
             key=("op", site.name),
         )
+
+    def _model_run(self):
+        """The innermost trace inside this messenger on Pyro's stack: the ``get_trace`` of the
+        model (or guide) run that is drawing a site (outer traces, e.g. SVI's parameter capture,
+        outlive the run); ``None`` when the model runs untraced."""
+        for m in reversed(_PYRO_STACK):
+            if m is self:
+                return None
+            if isinstance(m, TraceMessenger):
+                return m
+        return None
 
     def _report(self, name, message, key):
         if self.strict:

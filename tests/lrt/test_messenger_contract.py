@@ -122,7 +122,7 @@ def test_local_reparameterization_samples_the_weight_sampling_distribution(call)
 def test_kernel_drawn_per_output_channel_in_a_plate_is_applied_as_drawn(ndim):
     """A kernel sampled in a plate over output channels has fewer event dims than a
     convolution kernel: no rule applies, the convolution uses the drawn kernel and bias with
-    the call's stride, padding, dilation and groups."""
+    the call's stride, padding, dilation and groups, and the use is reported."""
     g = torch.Generator().manual_seed(5)
     kernel = (2, 3) if ndim == 1 else (2, 3, 2)
     x = torch.randn((N, 4, 9) if ndim == 1 else (N, 4, 7, 6), generator=g)
@@ -135,11 +135,11 @@ def test_kernel_drawn_per_output_channel_in_a_plate_is_applied_as_drawn(ndim):
             b = pyro.sample("b", dist.Normal(torch.zeros(4), 1.0))
         return conv(x, w, b, 2, 1, 2, 2), w, b
 
-    with local_reparameterization():
+    with local_reparameterization(), pytest.warns(LocalReparameterizationWarning, match="F.conv"):
         out, w, b = model(x)
     assert isinstance(w, GuidedValue)
     assert torch.allclose(out, conv(x, plain(w), plain(b), 2, 1, 2, 2), atol=1e-5)
-    with local_reparameterization():
+    with local_reparameterization(), pytest.warns(LocalReparameterizationWarning, match="F.conv"):
         _, w, b = model(x)
         out_kw = conv(x, w, bias=b, stride=2, padding=1, dilation=2, groups=2)
     assert torch.allclose(out_kw, conv(x, plain(w), plain(b), 2, 1, 2, 2), atol=1e-5)

@@ -83,3 +83,48 @@ def test_lrt_warnings_point_at_the_users_line():
                 model(x)
     assert record, "expected a warning"
     assert all(r.filename == __file__ for r in record), [r.filename for r in record]
+
+
+def _weight_drawn_in_a_plate_and_used_after_it(x, y):
+    with pyro.plate("heads", 1, dim=-2):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, 2), 1.0).to_event(2))
+    mean = torch.exp(w).sum() * x.sum(-1)  # no rule for exp, used after the plate block
+    with pyro.plate("data", x.shape[0], dim=-1):
+        pyro.sample("obs", dist.Normal(mean, 1.0), obs=y)
+
+
+def test_a_use_after_a_plate_block_inside_the_model_is_reported():
+    """Leaving a plate inside the model is not the end of the model run: a use without a rule
+    there is reported (strict=True raises), while the ELBO's own use of the values after the
+    model returned is not."""
+    model = _weight_drawn_in_a_plate_and_used_after_it
+    guide = AutoMeanField(model)
+    x, y = torch.randn(4, 2), torch.randn(4)
+    guide(x, y)
+    with local_reparameterization(strict=True):
+        with pytest.raises(NotImplementedError, match="'w' is used by torch.exp"):
+            tr = pyro.poutine.trace(guide).get_trace(x, y)
+            pyro.poutine.replay(model, trace=tr)(x, y)
+    elbo = pyro.infer.Trace_ELBO(max_plate_nesting=2)
+    with local_reparameterization():
+        with pytest.warns(LocalReparameterizationWarning, match="torch.exp") as record:
+            elbo.differentiable_loss(model, guide, x, y)
+    assert len(record) == 1  # the model's use, once; not the log densities
+
+
+def _conv_kernel_with_a_batch_dim(x):
+    k = pyro.sample("k", dist.Normal(torch.zeros(3, 2, 3), 0.5).to_event(2))  # out-channels batch
+    return torch.nn.functional.conv1d(x, k)
+
+
+def test_a_kernel_with_too_few_event_dims_is_used_as_drawn_and_reported():
+    """A convolution kernel whose leading dim is a batch dim of the site has no rule: it is used
+    as drawn (exactly torch's convolution of the draw) and the use is reported."""
+    x = torch.randn(2, 2, 6)
+    guide = AutoMeanField(_conv_kernel_with_a_batch_dim)
+    guide(x)
+    with local_reparameterization():
+        with pytest.warns(LocalReparameterizationWarning, match="F.conv1d"):
+            tr = pyro.poutine.trace(guide).get_trace(x)
+            out = pyro.poutine.replay(_conv_kernel_with_a_batch_dim, trace=tr)(x)
+    torch.testing.assert_close(out, torch.nn.functional.conv1d(x, tr.nodes["k"]["value"]))
