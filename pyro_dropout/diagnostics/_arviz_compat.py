@@ -37,6 +37,8 @@ ARVIZ_VERSION: str = az.__version__
 IS_ARVIZ_1: bool = int(ARVIZ_VERSION.split(".")[0]) >= 1
 
 _PARETO_WARNING = "Estimated shape parameter of Pareto distribution"
+#: Fewest draws PSIS-LOO accepts: the tail is min(20 % of S, 3 sqrt(S)) draws and must be >= 5.
+MIN_LOO_DRAWS = 25
 
 
 @contextlib.contextmanager
@@ -163,6 +165,16 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
     "Pareto k greater than ..." warning is not re-emitted: it is recorded in ``warning`` and in
     the per-point ``pareto_k``, which :func:`pyro_dropout.diagnostics.compare` tabulates.
     """
+    ll = get_group(obj, "log_likelihood")
+    n_draws = int(ll.sizes.get("chain", 1) * ll.sizes.get("draw", 1))
+    if n_draws < MIN_LOO_DRAWS:
+        # arviz-stats 1.x fails deep inside PSIS ("n_draws_tail must be at least 5"); 0.23
+        # returns an estimate from a tail of under 5 draws: refuse on both lines, and say why.
+        raise ValueError(
+            f"loo: {n_draws} posterior draws; PSIS fits a Pareto tail to the largest 20 % of "
+            f"the draws and needs at least {MIN_LOO_DRAWS} draws (a tail of 5): pass "
+            f"num_samples >= {MIN_LOO_DRAWS} (a few hundred for stable estimates)"
+        )
     kwargs = _v1_constant_point_weights(obj, var_name) if IS_ARVIZ_1 else {}
     with warnings.catch_warnings():
         # Recorded in LooResult.warning / pareto_k instead (see docstring).

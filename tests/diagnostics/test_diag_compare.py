@@ -159,3 +159,18 @@ def test_point_mass_fit_is_flagged_in_the_table(linreg, reg_fits):
     assert table.loc["point", "vi_diagnosis"].startswith("point mass")
     assert table.loc["point", "loo_warning"]
     assert table.loc["point", "p_loo"] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("draws, ok", [(24, False), (25, True)])
+def test_loo_needs_25_draws_on_both_arviz_lines(linreg, draws, ok):
+    """PSIS fits a Pareto tail to min(20 % of S, 3 sqrt(S)) draws, at least 5: with fewer than
+    25 draws arviz-stats 1.x fails deep inside, 0.23 silently uses a shorter tail. Both lines
+    refuse, naming the argument to raise."""
+    idata = to_inference_data(linreg_model, linreg.guide(), linreg.x, linreg.y, draws)
+    if ok:
+        assert np.isfinite(loo(idata).elpd)
+    else:
+        with pytest.raises(ValueError, match="num_samples >= 25"):
+            loo(idata)
+        with pytest.raises(ValueError, match="num_samples >= 25"):
+            compare({"a": idata, "b": idata})

@@ -17,12 +17,12 @@ def _blocks():
 def test_your_own_model_page_runs():
     code = "\n".join(_blocks()[:2])
     code = code.replace("num_epochs=2000", "num_epochs=30").replace(
-        "num_samples=200", "num_samples=20"
+        "num_samples=200", "num_samples=30"
     )
     pyro.set_rng_seed(0)
     namespace: dict = {}
     exec(compile(code, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own code
     pred, table = namespace["pred"], namespace["table"]
-    assert pred.samples.shape == (20, 200) and pred.log_likelihood(namespace["y"]).shape == (200,)
+    assert pred.samples.shape == (30, 200) and pred.log_likelihood(namespace["y"]).shape == (200,)
     assert sorted(table.index) == ["bbb", "mc_dropout", "vd"]
     assert set(namespace["guides"]["bbb"].median()) >= {"layer1.weight", "sigma"}
