@@ -202,8 +202,8 @@ for ax in axes[1:]:
 
 # %% [markdown]
 # Reading the results (the committed full run): at this budget the two test-time procedures
-# are within a few test digits of each other at every training-set size (about 4 % error
-# with 1,000 digits, 5 % with 500, 12 % with 125), with weight averaging marginally ahead.
+# are within five test digits of each other at every training-set size (about 4 % error
+# with 1,000 digits, 6 % with 500, 12 % with 125), with weight averaging marginally ahead.
 # The regime where Gal's MC dropout pulls ahead, long training that makes standard dropout
 # over-fit, is far beyond a few minutes of CPU time; one seed per size, and 1,000 test digits
 # (one digit = 0.1 %), cannot resolve differences this small either.
