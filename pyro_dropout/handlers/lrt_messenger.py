@@ -234,20 +234,18 @@ class LocalReparameterizationMessenger(Messenger):
         if not self._active:  # the value outlived its context: plain weights
             return add_bias(spec(x, site.value), bias_value, spec)
         bias_name = bias._pd_site.name if _is_guided(bias) else None
-        return self._answer(
-            site.name, x, site.value, site.event_dim, bias_value, bias_name, spec, site
-        )
+        return self._answer(site.name, x, site.value, site.event_dim, bias_value, bias_name, spec)
 
-    def _answer(self, name, x, weight, event_dim, bias, bias_name, spec, site=None):
+    def _answer(self, name, x, weight, event_dim, bias, bias_name, spec):
         out = None
         if self.estimator != "weights":
-            out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec, site)
+            out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec)
         if out is None:  # weight draws, broadcast over their sample dims
             out = add_bias(spec(x, weight), bias, spec)
         self.widest_output = max(self.widest_output, out.numel())
         return out
 
-    def _lrt(self, name, x, weight, event_dim, bias, bias_name, spec, site):
+    def _lrt(self, name, x, weight, event_dim, bias, bias_name, spec):
         weight_fn = self._dists.get(name)
         if weight_fn is None:
             return None  # weights set by conditioning with no fresh draw here: use them
@@ -258,7 +256,7 @@ class LocalReparameterizationMessenger(Messenger):
         base = _align_batch(base, weight.shape[: weight.dim() - len(base.event_shape)])
         if base is None:
             return None
-        self._check_reuse(name, site)
+        self._check_reuse(name)
         out = rule(base, x, spec)
         bias_fn = None if bias_name is None else self._dists.get(bias_name)
         bias_base = None
@@ -296,7 +294,7 @@ class LocalReparameterizationMessenger(Messenger):
         """The rule for this site's family and op: the estimator asked for (for "auto":
         LRT on Linear layers; Flipout, else one weight per example, on convolutions)."""
         if isinstance(base, Delta):  # no variance: nothing to sample per example
-            self._report(name, _no_rule_message(name, base), key=("rule", name))
+            self._report(_no_rule_message(name, base), key=("rule", name))
             return None
         if self.estimator == "auto":
             if isinstance(spec, LinearSpec):
@@ -310,7 +308,6 @@ class LocalReparameterizationMessenger(Messenger):
             if rule is not None and not (estimator == "per_example" and not base.has_rsample):
                 if estimator != wanted[0] and self.estimator != "auto":
                     self._report(
-                        name,
                         f"local_reparameterization: no {wanted[0]!r} rule for the "
                         f"{type(base).__name__} distribution at weight site {name!r}; it is "
                         "sampled with one weight draw per example ('per_example', exact) "
@@ -318,15 +315,14 @@ class LocalReparameterizationMessenger(Messenger):
                         key=("estimator", name),
                     )
                 return rule
-        self._report(name, _no_rule_message(name, base), key=("rule", name))
+        self._report(_no_rule_message(name, base), key=("rule", name))
         return None
 
     # -- reporting -------------------------------------------------------------------------
-    def _check_reuse(self, name, site):
+    def _check_reuse(self, name):
         gen = self._generation.get(name)
         if gen is not None and self._last_use.get(name) == gen:
             self._report(
-                name,
                 f"local_reparameterization: weight site {name!r} is used by more than one "
                 "operation in one run of the model (shared weights, e.g. an unrolled RNN). "
                 "Each use samples its pre-activations independently, so the uses do not see "
@@ -347,7 +343,6 @@ class LocalReparameterizationMessenger(Messenger):
         if self.estimator == "weights":
             return
         self._report(
-            site.name,
             f"local_reparameterization: weight site {site.name!r} is used by {op_name}, which "
             "has no local-reparameterisation rule; there it is one weight draw shared by the "
             "whole minibatch (correct, but without the variance reduction). Rules exist for "
@@ -367,7 +362,7 @@ class LocalReparameterizationMessenger(Messenger):
                 return m
         return None
 
-    def _report(self, name, message, key):
+    def _report(self, message, key):
         if self.strict:
             raise NotImplementedError(message)
         if key not in self._warned:
