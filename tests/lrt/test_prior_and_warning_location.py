@@ -8,6 +8,8 @@
   (the call paths have different depths, so no fixed ``stacklevel`` is right).
 """
 
+from pathlib import Path
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -82,7 +84,15 @@ def test_lrt_warnings_point_at_the_users_line():
             with pyro.poutine.replay(trace=pyro.poutine.trace(guide).get_trace(x)):
                 model(x)
     assert record, "expected a warning"
-    assert all(r.filename == __file__ for r in record), [r.filename for r in record]
+    use_line = _line_of("# elementwise use: no rule")
+    assert [(r.filename, r.lineno) for r in record] == [(__file__, use_line)] * len(record)
+
+
+def _line_of(marker):
+    """Line number (1-based) of the line of this file that contains ``marker``."""
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    (number,) = [i + 1 for i, line in enumerate(lines) if marker in line and "_line_of" not in line]
+    return number
 
 
 def _weight_drawn_in_a_plate_and_used_after_it(x, y):
