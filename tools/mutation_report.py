@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT = sorted((ROOT / "tools").glob("mutation_equivalent*.txt"))
+# Mutants killed by a test that cannot run under mutmut (listed with that test; each verified
+# with `mutmut apply`, see docs/mutation.md).
+KILLED_BY_APPLY = ROOT / "tools" / "mutation_killed_by_apply.txt"
 
 
 def _statuses(mutants: Path) -> dict[str, int | None]:
@@ -64,9 +67,9 @@ def _is_message_only(diff: str) -> bool:
     return bool(re.search(r"raise |warnings\.warn|_report\(|Error\(|Warning", context))
 
 
-def _equivalent() -> set[str]:
+def _equivalent(paths=None) -> set[str]:
     names = set()
-    for path in EQUIVALENT:
+    for path in EQUIVALENT if paths is None else paths:
         for line in path.read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
@@ -75,17 +78,24 @@ def _equivalent() -> set[str]:
 
 
 def main(argv=None):
+    from mutmut.stats import status_by_exit_code
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mutants", type=Path, default=Path("mutants"))
     parser.add_argument("--out", type=Path, default=Path("mutation-report.md"))
     args = parser.parse_args(argv)
     status = _statuses(args.mutants)
     equivalent = _equivalent()
+    by_apply = _equivalent([KILLED_BY_APPLY] if KILLED_BY_APPLY.exists() else [])
     per_module = defaultdict(Counter)
     survivors = defaultdict(list)
     for name, code in sorted(status.items()):
         module = name.split(".x", 1)[0]
-        kind = {1: "killed", 0: "survived", None: "not run"}.get(code, f"exit {code}")
+        kind = status_by_exit_code[code]  # mutmut's own reading of the exit code
+        if kind == "timeout":
+            kind = "killed"  # the tests did not finish: detected
+        if kind == "survived" and name in by_apply:
+            kind = "killed"
         if kind == "survived":
             diff = _diff(name)
             if name in equivalent:

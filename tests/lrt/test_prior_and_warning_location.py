@@ -134,7 +134,9 @@ def test_a_kernel_with_too_few_event_dims_is_used_as_drawn_and_reported():
     guide = AutoMeanField(_conv_kernel_with_a_batch_dim)
     guide(x)
     with local_reparameterization():
-        with pytest.warns(LocalReparameterizationWarning, match="F.conv1d"):
+        with pytest.warns(
+            LocalReparameterizationWarning, match="'k' is used by F.conv1d with a kernel of 2 event"
+        ):
             tr = pyro.poutine.trace(guide).get_trace(x)
             out = pyro.poutine.replay(_conv_kernel_with_a_batch_dim, trace=tr)(x)
     torch.testing.assert_close(out, torch.nn.functional.conv1d(x, tr.nodes["k"]["value"]))
