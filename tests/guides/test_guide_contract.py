@@ -87,8 +87,10 @@ def test_create_plates_is_called_with_the_model_arguments(name):
     guide = GUIDES[name](_model, create_plates=create_plates)
     guide(x, y)
     guide(x, y)
-    assert len(calls) == 2
+    guide(x, y=y)  # keyword arguments reach create_plates too
+    assert len(calls) == 3
     assert calls[0][0] is x and calls[0][1] is y
+    assert calls[2][0] is x and calls[2][1] is y
 
 
 # --------------------------------------------------------------------------------------------

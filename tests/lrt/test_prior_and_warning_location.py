@@ -140,3 +140,17 @@ def test_a_kernel_with_too_few_event_dims_is_used_as_drawn_and_reported():
             tr = pyro.poutine.trace(guide).get_trace(x)
             out = pyro.poutine.replay(_conv_kernel_with_a_batch_dim, trace=tr)(x)
     torch.testing.assert_close(out, torch.nn.functional.conv1d(x, tr.nodes["k"]["value"]))
+
+
+def test_a_conditioned_weight_of_a_bayesian_layer_is_used_as_given_under_lrt():
+    """A weight fixed by ``poutine.condition`` has no distribution to sample pre-activations
+    from: the layer applies the given weight (with its bias draw), exactly."""
+    from pyro_dropout import BayesianLinear
+
+    layer = BayesianLinear(3, 2)
+    x = torch.randn(4, 3)
+    w = torch.arange(6.0).reshape(2, 3)
+    with local_reparameterization():
+        tr = pyro.poutine.trace(pyro.poutine.condition(layer, data={"weight": w})).get_trace(x)
+    out = tr.nodes["_RETURN"]["value"]
+    torch.testing.assert_close(out, x @ w.T + tr.nodes["bias"]["value"])
