@@ -2,7 +2,7 @@
 # Mutation testing of pyro_dropout/distributions, handlers and guides with mutmut (not in CI).
 # See docs/mutation.md. Needs an environment where pyro_dropout is NOT installed in editable
 # mode (mutmut imports the mutated copy under mutants/), e.g.:
-#   python3 -m venv /tmp/mutvenv && . /tmp/mutvenv/bin/activate
+#   python3 -m venv .venv-mutmut && . .venv-mutmut/bin/activate   # any venv outside the package
 #   pip install torch==2.13.0 ".[test]" mutmut && pip uninstall -y pyro-dropout
 #   bash tools/mutation.sh            # about an hour on 2 cores
 # The configuration (files, tests, message lines left alone) is [tool.mutmut] in pyproject.toml.
