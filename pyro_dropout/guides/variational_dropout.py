@@ -58,7 +58,9 @@ class AutoVariationalDropout(AutoWeightGuide):
     default), which drives α up and weights to zero. :meth:`sparsity` reports the weights with
     log α above a threshold (3 in Molchanov et al.: dropout rate above 95 %).
 
-    :param float init_log_alpha: initial log α of every weight.
+    :param float init_log_alpha: initial log α of every weight (with ``alpha="weight"``,
+        exactly so for initial means |θ| ≫ 1e-4: σ² starts at (θ² + 1e-8)·α, a floor that keeps
+        a weight initialised at 0 from starting with no variance at all).
     :param float init_scale: initial posterior sd of non-weight (bias) sites.
 
     Example::

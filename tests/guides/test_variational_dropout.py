@@ -3,6 +3,7 @@
 import math
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
@@ -150,3 +151,25 @@ def test_log_uniform_prior_sparsifies_irrelevant_inputs():
     relevant, irrelevant = la[:, :2].mean(), la[:, 2:].mean()
     assert irrelevant > relevant + 1.5, (relevant, irrelevant)
     assert after.per_site[W0] > 0.2
+
+
+def test_initial_variance_is_alpha_times_theta_squared_plus_floor():
+    # The docstring's promise: σ² starts at (θ² + 1e-8)·α, so log α = init_log_alpha for
+    # |θ| ≫ 1e-4 and a weight initialised at 0 still starts with some variance.
+    theta = torch.tensor([[1.0, 0.1, 1e-3], [1e-5, 0.0, -2.0]])
+
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 3]).to_event(2))
+        with pyro.plate("d", x.shape[0]):
+            pyro.sample("obs", dist.Normal(x @ w.T, 1.0).to_event(1), obs=y)
+
+    pyro.clear_param_store()
+    guide = AutoVariationalDropout(
+        model, init_log_alpha=-4.0, init_loc_fn=lambda s: theta if s["name"] == "w" else None
+    )
+    guide(torch.randn(4, 3), torch.randn(4, 2))
+    q = guide.get_distributions()["w"]
+    expected = (theta**2 + 1e-8) * math.exp(-4.0)
+    torch.testing.assert_close(q.variance, expected, rtol=1e-5, atol=0.0)
+    big = theta.abs() >= 1e-2
+    torch.testing.assert_close(guide.log_alpha("w")[big], torch.full((3,), -4.0))
