@@ -30,12 +30,12 @@ def concrete_keep_mask(dropout_rate, temperature, shape, relaxed=True):
     u = torch.rand(shape, dtype=rate.dtype, device=rate.device)
     if not relaxed:
         return (u >= rate).to(rate.dtype)
-    # u in (0, 1) open: rand can return exactly 0, whose logit is -inf.
-    tiny = torch.finfo(rate.dtype).eps
-    u = u.clamp(tiny, 1 - tiny)
-    logits = torch.log(rate) - torch.log1p(-rate) + torch.log(u) - torch.log1p(-u)
-    # keep = 1 - sigmoid(a / t) = sigmoid(-a / t), without the cancellation near keep = 0.
-    return torch.sigmoid(-logits / temperature)
+    # keep = 1 - sigmoid(a / t) = sigmoid(-a / t) (no cancellation near keep = 0), with
+    # a = logit p + logit u. The big tensor's part (logit u, clamped: rand can return exactly
+    # 0) needs no gradient, so it is scaled in place and only the sum and the sigmoid are
+    # differentiated per element (this mask is in every training step).
+    noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps).mul_(-1.0 / temperature)
+    return torch.sigmoid((torch.log1p(-rate) - torch.log(rate)) / temperature + noise)
 
 
 class ConcreteMaskedNormal(BernoulliMaskedNormal):
