@@ -13,7 +13,8 @@ a different input element), only correlations across positions differ.
 :class:`~pyro_dropout.ConcreteMaskedNormal` (Concrete dropout): the same, with the family's
 keep mask (relaxed while training, hard otherwise) drawn per example on the layer input; its
 mask is shared by all weights reading one input channel, so for convolutions the per-example
-mask drops whole input channels and the rule is exact jointly over positions.
+mask drops whole input channels, and with the slab noise added by Flipout (shared over
+positions) the rule is exact jointly over positions.
 """
 
 from typing import NamedTuple
@@ -129,7 +130,16 @@ def _lrt_concrete_masked_normal(fn, x, spec):
         rows = x.shape[: x.dim() - spec.ndim] + (1,) * spec.ndim
     shape = broadcast_shape(rows, rate.shape)
     mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
-    return GaussianPreactivation(spec(x * mask, fn.loc), _noise_variance(x, fn.scale, spec))
+    mean = spec(x * mask, fn.loc)
+    if isinstance(spec, LinearSpec):
+        return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
+    # A kernel is shared by all positions, so its slab noise σ ⊙ ε must be too: Flipout (one
+    # perturbation per draw, random signs per example and channel; exact for the symmetric ε)
+    # rather than independent Gaussian noise per position.
+    delta = fn.scale * torch.randn(fn.batch_shape + fn.event_shape, dtype=x.dtype, device=x.device)
+    s = _signs(_per_channel(x.shape, spec), x)
+    pert = spec(x * s, delta)
+    return mean + _signs(_per_channel(pert.shape, spec), x) * pert
 
 
 #: Exact jointly over a convolution's positions: "auto" prefers it to Flipout there.
