@@ -102,7 +102,8 @@ the point of the guide is to drop the grid search; with τ learned there is one 
 so the validation phase is skipped and each split costs one training of one member, i.e. 1/13
 of the dropout guide's 12 + 1 trainings (well under the issue's 1/4 budget). Why not the
 dropout guide's fixed-τ mapping ``τ' = 2τ/(1-p)²``: it needs p before training, and p is what
-is learned. The test LL uses the learned precision mapped back to the original scale.
+is learned. The test LL uses the learned precision mapped back to the original scale; each
+unit records the learned rate of every layer (``learned_dropout_rates``).
 
 **Provenance.** Every unit (``split_<k>.json`` and ``split_<k>.val.json``) records ``code``:
 the ``git rev-parse HEAD`` of the checkout the package was imported from and whether its
@@ -317,7 +318,10 @@ def _fit_and_evaluate(ds, guide, splits, configs_per_split, settings, validation
         settings["val_mc_samples"] if validation else settings["mc_samples"],
         seed=seed + 1,
     )
+    rates = g.dropout_rates() if hasattr(g, "dropout_rates") else {}
     return {
+        # learned drop rates (concrete): {site: [one per member]} for a layer-wise rate
+        "learned_rates": {k: v.reshape(len(members), -1).tolist() for k, v in rates.items()},
         "configs": configs,
         "per_split": per_split,
         "members": len(members),
@@ -439,6 +443,11 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
                 "phase": val["phase"],
             },
             "final_fit": phase,
+            **(
+                {"learned_dropout_rates": {k: v[i] for k, v in res["learned_rates"].items()}}
+                if res["learned_rates"]
+                else {}
+            ),
             "wall_s": val["wall_s_share"] + share,
             "versions": _versions(),
             "code": _git_state(),

@@ -75,6 +75,9 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
             assert _finite_numbers(unit["test"]) and unit["chosen"] in unit["settings"]["grid"]
             if guide == "concrete":  # one configuration: no validation phase
                 assert unit["validation"] is None and len(unit["settings"]["grid"]) == 1
+                rates = unit["learned_dropout_rates"]
+                assert sorted(rates) == ["layers.0.weight", "layers.1.weight"]
+                assert all(len(r) == 1 and 0 < r[0] < 1 for r in rates.values())
                 assert not (out / "units" / "yacht" / guide / f"split_{k}.val.json").exists()
             else:
                 assert len(unit["validation"]["configs"]) == len(unit["settings"]["grid"])
