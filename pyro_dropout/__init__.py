@@ -1,12 +1,13 @@
 """pyro-dropout: dropout as a first-class variational family for Pyro.
 
-One Bayesian network, three interchangeable guides (MC dropout, mean-field Gaussian,
-variational dropout with learned α), all trained with local reparameterisation, compared
-through ArviZ.
+One Bayesian network, four interchangeable guides (MC dropout, Concrete dropout with learned
+drop rates, mean-field Gaussian, variational dropout with learned α), all trained with local
+reparameterisation, compared through ArviZ.
 """
 
-from .distributions import BernoulliMaskedNormal, ImproperLogUniform
+from .distributions import BernoulliMaskedNormal, ConcreteMaskedNormal, ImproperLogUniform
 from .guides import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -45,6 +46,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "AutoConcreteDropout",
     "AutoDropout",
     "AutoMeanField",
     "AutoVariationalDropout",
@@ -55,6 +57,7 @@ __all__ = [
     "BayesianMLP",
     "BayesianModel",
     "BernoulliMaskedNormal",
+    "ConcreteMaskedNormal",
     "ImproperLogUniform",
     "Prediction",
     "__version__",

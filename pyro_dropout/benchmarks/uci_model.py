@@ -28,6 +28,7 @@ from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch.distributions import constraints
 
 from .. import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -181,6 +182,15 @@ GUIDES = {
         "estimate maximising the ELBO)}",
         ("noise",),
     ),
+    "concrete": GuideSpec(
+        "concrete",
+        "AutoConcreteDropout",
+        "Concrete dropout (Gal, Hron & Kendall 2017): one drop rate per layer learned by "
+        "gradient (init 0.1, temperature 0.1), prior Normal(0, 1/l) on the weights (l = 0.01, "
+        "biases flat, as the dropout guide), noise precision learned (point estimate "
+        "maximising the ELBO); no grid, so no validation phase",
+        (),
+    ),
 }
 
 
@@ -200,6 +210,9 @@ def grid(guide, dropout_rates, tau_values, quick=False):
         priors = [1.0]
     if guide == "dropout":
         return [{"dropout_rate": p, "tau": t} for p in rates for t in taus]
+    if guide == "concrete":
+        # No grid: the drop rates and the noise are learned, so one training per split.
+        return [{"noise": "learned"}]
     noise = ([taus[-1]] if quick else taus) + ["learned"]
     if guide == "meanfield":
         return [{"prior_scale": s, "noise": n} for s in priors for n in noise]
@@ -257,6 +270,15 @@ def build(guide, d_in, n_hidden, members: Members):
         prior = torch.tensor([c["prior_scale"] for c in cfg], dtype=dtype)
         model = BatchedRegressionMLP(d_in, n_hidden, noise_sd.to(dtype), prior, prior)
         g = AutoMeanField(model, init_loc_fn=init_to_glorot)
+    elif guide == "concrete":
+        model = BatchedRegressionMLP(
+            d_in,
+            n_hidden,
+            noise_sd.to(dtype),
+            weight_prior=1.0 / LENGTH_SCALE,
+            bias_prior=DROPOUT_BIAS_PRIOR_SCALE,
+        )
+        g = AutoConcreteDropout(model, scale=DROPOUT_SLAB_SCALE, init_loc_fn=init_to_glorot)
     elif guide == "vd":
         model = BatchedRegressionMLP(
             d_in, n_hidden, noise_sd.to(dtype), ImproperLogUniform(), VD_BIAS_PRIOR_SCALE

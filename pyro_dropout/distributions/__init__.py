@@ -1,10 +1,13 @@
-"""Probability layer: the dropout variational family, the log-uniform prior and their KLs."""
+"""Probability layer: the dropout variational families (fixed and learned rates), the
+log-uniform prior and their KLs."""
 
 from . import kl
 from .bernoulli_masked_normal import BernoulliMaskedNormal
+from .concrete_masked_normal import ConcreteMaskedNormal, concrete_keep_mask
 from .improper_log_uniform import ImproperLogUniform
 from .kl import (
     kl_bernoulli_masked_normal_normal,
+    kl_concrete_masked_normal_normal,
     kl_normal_log_uniform,
     kl_normal_normal,
     neg_kl_log_uniform_kingma,
@@ -15,10 +18,13 @@ from .log_alpha_normal import LogAlphaNormal
 
 __all__ = [
     "BernoulliMaskedNormal",
+    "ConcreteMaskedNormal",
     "ImproperLogUniform",
     "LogAlphaNormal",
     "kl",
+    "concrete_keep_mask",
     "kl_bernoulli_masked_normal_normal",
+    "kl_concrete_masked_normal_normal",
     "kl_normal_log_uniform",
     "kl_normal_normal",
     "neg_kl_log_uniform_kingma",

@@ -56,9 +56,9 @@ __all__ = [
     "weight_draws",
 ]
 
-#: ``"auto"``: ``"lrt"`` for Linear layers, ``"flipout"`` for convolutions of families that
-#: have a Flipout rule (Gaussian ones), ``"per_example"`` for other convolutions (MC dropout's
-#: masked family); then the names of :data:`~pyro_dropout.handlers.registry.ESTIMATORS`
+#: ``"auto"``: ``"lrt"`` for Linear layers; for convolutions an ``"lrt"`` rule marked
+#: ``exact_for_conv`` (Concrete dropout's channel masks), else ``"flipout"`` for families that
+#: have a Flipout rule (Gaussian ones), else ``"per_example"`` (MC dropout's masked family); then the names of :data:`~pyro_dropout.handlers.registry.ESTIMATORS`
 #: applied to every layer, and ``"weights"`` (the drawn weights, shared by the minibatch).
 ESTIMATORS = ("auto", *RULE_ESTIMATORS, "weights")
 
@@ -301,6 +301,9 @@ class LocalReparameterizationMessenger(Messenger):
                 wanted = ("lrt", "per_example")
             else:
                 wanted = ("flipout", "per_example")
+                lrt = lookup_rule(base, "lrt")
+                if getattr(lrt, "exact_for_conv", False):
+                    return lrt  # e.g. Concrete dropout's channel masks: exact and cheapest
         else:
             wanted = (self.estimator, "per_example")
         for estimator in wanted:

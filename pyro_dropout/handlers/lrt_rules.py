@@ -9,6 +9,12 @@ per example on the layer input: exactly standard dropout plus the small slab noi
 convolutions the mask drops input elements (Gal & Ghahramani's Bayesian CNN); per output
 element this has the same mean and variance as the weight-space family (each kernel tap meets
 a different input element), only correlations across positions differ.
+
+:class:`~pyro_dropout.ConcreteMaskedNormal` (Concrete dropout): the same, with the family's
+keep mask (relaxed while training, hard otherwise) drawn per example on the layer input; its
+mask is shared by all weights reading one input channel, so for convolutions the per-example
+mask drops whole input channels, and with the slab noise added by Flipout (shared over
+positions) the rule is exact jointly over positions.
 """
 
 from typing import NamedTuple
@@ -17,7 +23,7 @@ import torch
 from torch.distributions import Distribution, Independent, Normal
 
 from .._broadcast import broadcast_shape
-from ..distributions import BernoulliMaskedNormal
+from ..distributions import BernoulliMaskedNormal, ConcreteMaskedNormal, concrete_keep_mask
 from ..nn.functional import ConvSpec, LinearSpec, unexpand
 from .registry import register_local_reparameterization
 
@@ -99,6 +105,45 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
     mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
     mean = spec(x * mask, fn.loc)
     return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
+
+
+@register_local_reparameterization(ConcreteMaskedNormal)
+def _lrt_concrete_masked_normal(fn, x, spec):
+    rate = fn.dropout_rate.select(-fn.event_dim, 0)  # batch + (in,) + (1,) * kernel dims
+    if isinstance(spec, LinearSpec) and spec.transposed:
+        # Weight stored (in, out), used as x @ W: the mask zeroes output columns (see the
+        # Bernoulli rule above).
+        mean = spec(x, fn.loc)
+        mask = concrete_keep_mask(
+            rate, fn.temperature, broadcast_shape(mean.shape, rate.shape), fn.relaxed
+        )
+        return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
+    if isinstance(spec, ConvSpec) and spec.groups > 1:
+        # The kernel sees in_channels / groups channels per group (rate: (..., C/g, 1, 1)).
+        reps = (1,) * (rate.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim
+        rate = rate.repeat(reps)
+    # One mask value per example and input unit; for a convolution per example and channel
+    # (the rate's kernel dims are 1, so the mask broadcasts over positions).
+    if isinstance(spec, LinearSpec):
+        rows = x.shape
+    else:
+        rows = x.shape[: x.dim() - spec.ndim] + (1,) * spec.ndim
+    shape = broadcast_shape(rows, rate.shape)
+    mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
+    mean = spec(x * mask, fn.loc)
+    if isinstance(spec, LinearSpec):
+        return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
+    # A kernel is shared by all positions, so its slab noise σ ⊙ ε must be too: Flipout (one
+    # perturbation per draw, random signs per example and channel; exact for the symmetric ε)
+    # rather than independent Gaussian noise per position.
+    delta = fn.scale * torch.randn(fn.batch_shape + fn.event_shape, dtype=x.dtype, device=x.device)
+    s = _signs(_per_channel(x.shape, spec), x)
+    pert = spec(x * s, delta)
+    return mean + _signs(_per_channel(pert.shape, spec), x) * pert
+
+
+#: Exact jointly over a convolution's positions: "auto" prefers it to Flipout there.
+_lrt_concrete_masked_normal.exact_for_conv = True
 
 
 # -- Flipout (Wen et al. 2018) ----------------------------------------------------------------

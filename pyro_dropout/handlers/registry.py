@@ -22,6 +22,9 @@ def register_local_reparameterization(family, estimator="lrt"):
     sample of ``spec(x, W)`` (without bias) for ``W ~ fn``, drawn independently per example,
     or a :class:`~pyro_dropout.handlers.lrt_rules.GaussianPreactivation` (mean, variance).
     Dispatch follows the class hierarchy, like :func:`torch.distributions.kl.register_kl`.
+    An ``"lrt"`` rule that is exact jointly over a convolution's positions may set the attribute
+    ``exact_for_conv = True``; ``estimator="auto"`` then uses it for convolutions too (as for
+    :class:`~pyro_dropout.ConcreteMaskedNormal`).
 
     Example::
 

@@ -175,6 +175,8 @@ class JitMeanFieldELBO(MeanFieldELBO):
             tuple(_signature(a) for a in args),
             tuple(sorted((k, _signature(v)) for k, v in kwargs.items())),
             tuple(getattr(m, "jit_key", type(m)) for m in _PYRO_STACK),
+            # e.g. AutoConcreteDropout: relaxed masks in training, hard ones under no_grad
+            getattr(guide, "jit_key", None),
         )
         fn = self._compiled.get(key)
         if fn is None:

@@ -23,7 +23,7 @@ from pyro_dropout.infer import MeanFieldELBO
 from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
 UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
-GUIDES = ("dropout", "meanfield", "vd")
+GUIDES = ("dropout", "meanfield", "vd", "concrete")
 
 
 @pytest.fixture(autouse=True)
@@ -73,14 +73,25 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
             unit = json.loads((out / "units" / "yacht" / guide / f"split_{k}.json").read_text())
             assert unit["status"] == "done" and unit["split"] == k
             assert _finite_numbers(unit["test"]) and unit["chosen"] in unit["settings"]["grid"]
-            assert len(unit["validation"]["configs"]) == len(unit["settings"]["grid"])
-            assert all(math.isfinite(c["val_ll"]) for c in unit["validation"]["configs"])
+            if guide == "concrete":  # one configuration: no validation phase
+                assert unit["validation"] is None and len(unit["settings"]["grid"]) == 1
+                rates = unit["learned_dropout_rates"]
+                assert sorted(rates) == ["layers.0.weight", "layers.1.weight"]
+                assert all(len(r) == 1 and 0 < r[0] < 1 for r in rates.values())
+                assert not (out / "units" / "yacht" / guide / f"split_{k}.val.json").exists()
+            else:
+                assert len(unit["validation"]["configs"]) == len(unit["settings"]["grid"])
+                assert all(math.isfinite(c["val_ll"]) for c in unit["validation"]["configs"])
+            assert re.fullmatch(r"[0-9a-f]{40}", unit["code"]["commit"])
+            assert isinstance(unit["code"]["dirty"], bool)
             assert unit["wall_s"] > 0 and unit["final_fit"]["steps_per_s"] > 0
     md = (out / "results.md").read_text()
     assert "| yacht |" in md and "†" in md and "0.6663" in md  # ours next to the anchor
     for guide in GUIDES:
         assert f"ours: {guide}" in md
     assert "## Targets" in md and "| yacht | " in md.split("## Targets")[1]
+    label = uci.commit_label(unit)
+    assert f"- yacht / concrete: {label} (splits 0-1)" in md.split("## Code versions")[1]
 
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.json")}
     t0 = time.perf_counter()
@@ -286,3 +297,46 @@ def test_report_only_summarises_without_training(data_dir, tmp_path):
     assert summary["datasets"]["bostonHousing"]["guides"] == {}
     md = (out / "results.md").read_text()
     assert "| bostonHousing | – | – | – |" in md
+
+
+def test_report_says_which_commit_wrote_which_rows(data_dir, tmp_path):
+    """Units without the ``code`` field predate it: reported as written at or before 36cc829."""
+    out = tmp_path / "uci"
+    base = ["--data-dir", str(data_dir), "--out", str(out), "--quick", "--quiet"]
+    uci.main(base + ["--datasets", "yacht", "--guides", "concrete", "--epochs", "1"])
+    unit_dir = out / "units" / "yacht" / "concrete"
+    old = json.loads((unit_dir / "split_1.json").read_text())
+    del old["code"]
+    (unit_dir / "split_1.json").write_text(json.dumps(old))
+    summary = uci.main(base + ["--datasets", "yacht", "--guides", "concrete", "--report-only"])
+    commits = summary["datasets"]["yacht"]["guides"]["concrete"]["commits"]
+    new = uci.commit_label(json.loads((unit_dir / "split_0.json").read_text()))
+    assert commits == {new: [0], "≤ 36cc829": [1]}
+    md = (out / "results.md").read_text()
+    assert f"- yacht / concrete: {new} (splits 0); ≤ 36cc829 (splits 1)" in md
+
+
+@pytest.mark.parametrize(
+    "code, label",
+    [
+        ({"commit": "0123456789abcdef" * 2 + "01234567", "dirty": False}, "0123456"),
+        ({"commit": "0123456789abcdef" * 2 + "01234567", "dirty": True}, "0123456+dirty"),
+        ({"commit": None, "dirty": None}, "unknown"),
+    ],
+)
+def test_commit_labels(code, label):
+    assert uci.commit_label({"code": code}) == label
+    assert uci.commit_label({}) == uci.UNRECORDED_COMMIT
+
+
+def test_split_lists_are_compressed_into_runs():
+    assert uci._split_list([5, 0, 1, 2, 7, 8]) == "splits 0-2, 5, 7-8"
+
+
+def test_estimate_projects_concrete_without_a_validation_phase(data_dir, tmp_path):
+    argv = ["--data-dir", str(data_dir), "--out", str(tmp_path), "--datasets", "yacht"]
+    rows = uci.main(argv + ["--guides", "concrete", "--splits", "0", "--estimate", "--quiet"])
+    (row,) = rows
+    assert row["phases"]["validation"] == [] and row["validation_s"] == 0
+    assert row["final_s"] > 0 and row["phases"]["final"][0]["members"] == 1
+    assert "| yacht | concrete | 1 | – | 0 | – | 1 |" in (tmp_path / "projection.md").read_text()

@@ -1,4 +1,4 @@
-"""The library on CUDA tensors: distributions, the three guides (eager and JIT), local
+"""The library on CUDA tensors: distributions, the four guides (eager and JIT), local
 reparameterisation, prediction, the ArviZ export and the batched UCI model.
 
 Skipped without a GPU (CI has none); run on a GPU machine with ``python -m pytest tests/cuda``.
@@ -15,12 +15,14 @@ import torch
 from torch.distributions import kl_divergence
 
 from pyro_dropout import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
     BayesianConvNet,
     BayesianMLP,
     BernoulliMaskedNormal,
+    ConcreteMaskedNormal,
     ImproperLogUniform,
     fit,
     predict,
@@ -36,6 +38,7 @@ GUIDES = {
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.1),
     "mean_field": lambda m: AutoMeanField(m),
     "variational_dropout": lambda m: AutoVariationalDropout(m),
+    "concrete_dropout": lambda m: AutoConcreteDropout(m),
 }
 
 
@@ -67,6 +70,13 @@ def test_distributions_and_kls():
     ilu = ImproperLogUniform().expand((4, 3))
     kl2 = kl_divergence(q, ilu)
     assert _on_cuda(kl2) and torch.isfinite(kl2).all()
+    rate = torch.tensor(0.2, device=CUDA, requires_grad=True)
+    c = ConcreteMaskedNormal(loc, 0.1, rate)
+    kl3 = kl_divergence(c, prior)
+    (grad,) = torch.autograd.grad(kl3 + c.rsample().sum(), rate)
+    assert _on_cuda(c.sample()) and _on_cuda(grad) and torch.isfinite(grad)
+    c_cpu = ConcreteMaskedNormal(loc.cpu(), 0.1, 0.2)
+    torch.testing.assert_close(kl3.detach().cpu(), kl_divergence(c_cpu, cpu_prior))
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -145,18 +155,19 @@ def test_arviz_export_from_gpu_fits():
     assert len(table) == 2
 
 
-def test_batched_uci_model_trains_and_evaluates():
+@pytest.mark.parametrize("name", ["dropout", "concrete"])
+def test_batched_uci_model_trains_and_evaluates(name):
     from pyro_dropout.benchmarks import uci_model as um
 
     g = torch.Generator().manual_seed(0)
     s, n, d = 2, 40, 4
     x = torch.randn(s, n, d, generator=g).to(CUDA)
     y = x.sum(-1) + 0.1 * torch.randn(s, n, generator=g).to(CUDA)
-    grid = um.grid("dropout", [0.01, 0.1], [0.5, 1.0])
+    grid = um.grid(name, [0.01, 0.1], [0.5, 1.0])
     members = um.Members(
         [dict(c) for _ in range(s) for c in grid], torch.ones(s * len(grid)).double(), n
     )
-    model, guide, eval_tau = um.build("dropout", d, 8, members)
+    model, guide, eval_tau = um.build(name, d, 8, members)
     model.to(CUDA)
     um.train(model, guide, x, y, len(grid), num_epochs=3, batch_size=16)
     m = len(members)

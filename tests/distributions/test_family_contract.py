@@ -10,6 +10,7 @@ from torch.distributions import Independent, Normal, constraints, kl_divergence
 
 from pyro_dropout.distributions import (
     BernoulliMaskedNormal,
+    ConcreteMaskedNormal,
     ImproperLogUniform,
     LogAlphaNormal,
     kl_bernoulli_masked_normal_normal,
@@ -151,6 +152,17 @@ class _TaggedBMN(BernoulliMaskedNormal):
         return super().expand(batch_shape, _instance=new)
 
 
+class _TaggedCMN(ConcreteMaskedNormal):
+    def __init__(self, loc, scale, dropout_rate, tag, validate_args=None):
+        self.tag = tag
+        super().__init__(loc, scale, dropout_rate, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(_TaggedCMN, _instance)
+        new.tag = self.tag
+        return super().expand(batch_shape, _instance=new)
+
+
 class _TaggedLogAlphaNormal(LogAlphaNormal):
     def __init__(self, loc, log_alpha, tag, validate_args=None):
         self.tag = tag
@@ -181,10 +193,11 @@ class _ScaledLogUniform(ImproperLogUniform):
     "make",
     [
         lambda: _TaggedBMN(torch.randn(3, 4), 0.5, 0.2, tag="t"),
+        lambda: _TaggedCMN(torch.randn(3, 4), 0.5, 0.2, tag="t"),
         lambda: _TaggedLogAlphaNormal(torch.randn(3, 4), torch.zeros(3, 4), tag="t"),
         lambda: _ScaledLogUniform(2.0, (3, 4)),
     ],
-    ids=["BernoulliMaskedNormal", "LogAlphaNormal", "ImproperLogUniform"],
+    ids=["BernoulliMaskedNormal", "ConcreteMaskedNormal", "LogAlphaNormal", "ImproperLogUniform"],
 )
 def test_subclass_expand_returns_the_subclass_instance(make):
     """A subclass that calls ``super().expand(..., _instance=new)`` gets its own instance back."""
@@ -200,10 +213,11 @@ def test_subclass_expand_returns_the_subclass_instance(make):
     "make",
     [
         lambda: BernoulliMaskedNormal(torch.zeros(3, 4), -1.0, 0.2, validate_args=False),
+        lambda: ConcreteMaskedNormal(torch.zeros(3, 4), -1.0, 0.2, validate_args=False),
         lambda: LogAlphaNormal(torch.full((4,), float("nan")), torch.zeros(4), validate_args=False),
         lambda: _ScaledLogUniform(-1.0, (4,), validate_args=False),
     ],
-    ids=["BernoulliMaskedNormal", "LogAlphaNormal", "ImproperLogUniform"],
+    ids=["BernoulliMaskedNormal", "ConcreteMaskedNormal", "LogAlphaNormal", "ImproperLogUniform"],
 )
 def test_expand_keeps_validation_off_when_it_was_switched_off(make):
     """validate_args=False survives expand even with global validation on (conftest)."""

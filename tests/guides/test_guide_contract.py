@@ -10,7 +10,7 @@ import pytest
 import torch
 from pyro import poutine
 
-from pyro_dropout import AutoDropout, AutoMeanField, AutoVariationalDropout
+from pyro_dropout import AutoConcreteDropout, AutoDropout, AutoMeanField, AutoVariationalDropout
 from pyro_dropout.guides import LOG_ALPHA_CLIP, init_to_module
 
 
@@ -41,9 +41,11 @@ GUIDES = {
     "vd_weight": lambda m, **kw: AutoVariationalDropout(m, alpha="weight", **kw),
     "vd_unit": lambda m, **kw: AutoVariationalDropout(m, alpha="unit", **kw),
     "vd_layer": lambda m, **kw: AutoVariationalDropout(m, alpha="layer", **kw),
+    "concrete_layer": lambda m, **kw: AutoConcreteDropout(m, **kw),
+    "concrete_unit": lambda m, **kw: AutoConcreteDropout(m, rate_per="unit", **kw),
 }
 #: One configuration per guide class, for the behaviour that does not depend on the family.
-CLASSES = ["dropout", "mean_field", "vd_weight"]
+CLASSES = ["dropout", "mean_field", "vd_weight", "concrete_layer"]
 
 
 def _fns(guide, *args, **kwargs):

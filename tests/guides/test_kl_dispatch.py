@@ -19,6 +19,7 @@ from pyro.infer.autoguide import AutoNormal
 from torch.distributions import kl_divergence
 
 from pyro_dropout import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -32,13 +33,14 @@ GUIDES = {
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.2),
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.05),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-2.0),
+    "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=0.2),
 }
 # MC dropout is variational inference under a Gaussian prior only (no KL to the log-uniform).
 CASES = [
     pytest.param(prior, guide, id=f"{guide}-{prior}")
     for prior in PRIORS
     for guide in GUIDES
-    if not (prior == "log_uniform" and guide == "dropout")
+    if not (prior == "log_uniform" and guide in ("dropout", "concrete_dropout"))
 ]
 
 

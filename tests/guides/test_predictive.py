@@ -8,6 +8,7 @@ from pyro.infer.autoguide import AutoDelta, AutoNormal
 from pyro.optim import Adam
 
 from pyro_dropout import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -22,6 +23,7 @@ GUIDES = {
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.3),
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.05),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-2.0),
+    "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=0.3),
 }
 S, N = 6, 12
 
@@ -155,6 +157,7 @@ NEAR_POINT = {  # guides whose draws are (nearly) their means: the output is a k
     "variational_dropout": lambda m: AutoVariationalDropout(
         m, init_log_alpha=-8.0, init_scale=1e-6
     ),
+    "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=1e-7, scale=1e-6),
 }
 
 

@@ -3,6 +3,7 @@
 import torch
 
 from pyro_dropout import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -23,6 +24,7 @@ GUIDES = {
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.1),
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.3, scale=0.05),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-2.0),
+    "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=0.3, scale=0.05),
 }
 
 

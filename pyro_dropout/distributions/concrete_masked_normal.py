@@ -1,0 +1,208 @@
+r"""Concrete dropout's variational family: Bernoulli-masked weights whose drop rate is learned
+through a Concrete (relaxed Bernoulli) mask."""
+
+import math
+
+import torch
+from torch.distributions import Distribution, constraints
+
+from .._broadcast import broadcast_shape
+from .bernoulli_masked_normal import BernoulliMaskedNormal
+
+__all__ = ["ConcreteMaskedNormal", "concrete_keep_mask"]
+
+
+def concrete_keep_mask(dropout_rate, temperature, shape, relaxed=True):
+    r"""A keep mask of ``shape`` for drop rates ``dropout_rate`` (broadcastable to ``shape``).
+
+    Relaxed (Maddison et al. 2017; Jang et al. 2017; as in Gal, Hron & Kendall 2017):
+
+    .. math::
+
+        \tilde z = \sigma\!\Big(\frac{\operatorname{logit} p + \log u - \log(1-u)}{t}\Big),
+        \quad u \sim \mathcal U(0, 1), \qquad \text{keep} = 1 - \tilde z,
+
+    differentiable in ``p``; as :math:`t \to 0` it tends to a hard Bernoulli(p) drop indicator.
+    ``relaxed=False`` draws the hard mask :math:`\mathbb 1[u \ge p]` (keep with probability
+    :math:`1-p`), through which no gradient flows to ``p``.
+    """
+    rate = dropout_rate
+    u = torch.rand(shape, dtype=rate.dtype, device=rate.device)
+    if not relaxed:
+        return (u >= rate).to(rate.dtype)
+    # keep = 1 - sigmoid(a / t) = sigmoid(-a / t) (no cancellation near keep = 0), with
+    # a = logit p + logit u. The big tensor's part (logit u, clamped: rand can return exactly
+    # 0) needs no gradient, so it is scaled in place and only the sum and the sigmoid are
+    # differentiated per element (this mask is in every training step).
+    noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps).mul_(-1.0 / temperature)
+    return torch.sigmoid((torch.log1p(-rate) - torch.log(rate)) / temperature + noise)
+
+
+class ConcreteMaskedNormal(BernoulliMaskedNormal):
+    r"""The Bernoulli-masked weight family of MC dropout with a *learnable* drop rate.
+
+    The family :math:`q` is the one of :class:`BernoulliMaskedNormal`,
+
+    .. math::
+
+        W = M \odot z + \sigma \odot \varepsilon, \qquad z \sim \mathrm{Bernoulli}(1 - p),
+
+    except that **one mask value is shared by all weights that read one input unit**: ``z``
+    has shape ``batch_shape + (1, in) + (1,) * (event_dim - 2)``, so for a convolution kernel
+    ``(out, in, kh, kw)`` it drops whole input *channels* (spatial / channel-wise dropout, the
+    convolutional variant of Gal, Hron & Kendall); for a Linear weight ``(out, in)`` it is
+    exactly :class:`BernoulliMaskedNormal`'s mask.
+
+    Two ways to draw (why: the drop rate ``p`` must receive a gradient during training, and
+    predictions must come from :math:`q` itself):
+
+    * :meth:`rsample` with ``relaxed=True`` replaces ``z`` by the Concrete relaxation
+      :func:`concrete_keep_mask` at temperature ``temperature`` (Gal, Hron & Kendall 2017,
+      eq. 5), differentiable in ``loc``, ``scale`` **and** ``dropout_rate``. These draws come
+      from the relaxed distribution, not from :math:`q`.
+    * :meth:`sample`, and :meth:`rsample` with ``relaxed=False``, draw hard Bernoulli masks:
+      exact draws from :math:`q` (no gradient to ``p``).
+
+    :meth:`log_prob` and the registered KL (:func:`~pyro_dropout.distributions.kl_concrete_masked_normal_normal`)
+    are those of the hard family :math:`q`: the density of a relaxed draw has no closed form
+    (a continuous mixture over the relaxed mask), and the objective of Concrete dropout is
+    :math:`\mathbb E_{\tilde q}[\log p(y\mid W)] - \mathrm{KL}(q\,\|\,p)`, the relaxation
+    entering only the reparameterised likelihood term.
+
+    :param torch.Tensor loc: :math:`M` (the weight when kept; :math:`\mathbb E W = (1-p)M`).
+    :param scale: slab standard deviation :math:`\sigma > 0`, broadcastable to ``loc``.
+    :param dropout_rate: drop probability :math:`p \in (0, 1)` (open: the relaxation needs
+        :math:`\operatorname{logit} p`), broadcastable to :attr:`mask_shape`.
+    :param float temperature: Concrete temperature :math:`t > 0` (default 0.1, the paper's).
+    :param bool relaxed: whether :meth:`rsample` uses the relaxed mask (default True).
+    :param int event_dim: rightmost dims of ``loc`` forming one event; at least 2 (output and
+        input units).
+    """
+
+    arg_constraints = {
+        "loc": constraints.real,
+        "scale": constraints.positive,
+        "dropout_rate": constraints.interval(0.0, 1.0),
+    }
+
+    def __init__(
+        self,
+        loc,
+        scale,
+        dropout_rate,
+        temperature=0.1,
+        relaxed=True,
+        event_dim=None,
+        validate_args=None,
+    ):
+        loc = torch.as_tensor(loc)
+        if event_dim is None:
+            event_dim = loc.dim()
+        if not isinstance(event_dim, int) or event_dim < 2:
+            raise ValueError(
+                f"ConcreteMaskedNormal: event_dim must be an int >= 2 (output and input units), "
+                f"got {event_dim!r}"
+            )
+        if isinstance(temperature, bool) or not float(temperature) > 0:
+            raise ValueError(f"ConcreteMaskedNormal: temperature must be > 0, got {temperature!r}")
+        super().__init__(loc, scale, dropout_rate, event_dim=event_dim, validate_args=False)
+        rate = torch.as_tensor(dropout_rate, dtype=self.loc.dtype, device=self.loc.device)
+        shape = self.mask_shape
+        try:
+            ok = broadcast_shape(shape, rate.shape) == shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"ConcreteMaskedNormal: dropout_rate of shape {tuple(rate.shape)} must broadcast "
+                f"to the mask shape {tuple(shape)} (batch_shape + (1, in) + (1,) * "
+                f"(event_dim - 2): one rate per input unit or channel at most)"
+            )
+        self.dropout_rate = rate.expand(shape)
+        self.temperature = float(temperature)
+        self.relaxed = bool(relaxed)
+        # BernoulliMaskedNormal was built unvalidated (its [0, 1) rate check is not ours): take
+        # the caller's flag, else torch's global default, and check the arguments here.
+        self._validate_args = (
+            Distribution._validate_args if validate_args is None else bool(validate_args)
+        )
+        if self._validate_args:
+            for name in ("loc", "scale", "dropout_rate"):
+                value = getattr(self, name)
+                if not self.arg_constraints[name].check(value).all():
+                    raise ValueError(
+                        f"ConcreteMaskedNormal: {name} must satisfy "
+                        f"{self.arg_constraints[name]}, got {value}"
+                    )
+            if not ((self.dropout_rate > 0) & (self.dropout_rate < 1)).all():
+                raise ValueError(
+                    "ConcreteMaskedNormal: dropout_rate must lie in the open interval (0, 1)"
+                )
+
+    @property
+    def mask_shape(self):
+        """``batch_shape + (1, in) + (1,) * (event_dim - 2)``: one mask per input unit/channel."""
+        return self.batch_shape + (1, self.event_shape[1]) + (1,) * (len(self.event_shape) - 2)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(ConcreteMaskedNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new.scale = self.scale.expand(batch_shape + self.event_shape)
+        new.dropout_rate = self.dropout_rate.expand(
+            batch_shape + self.dropout_rate.shape[len(self.batch_shape) :]
+        )
+        new.temperature = self.temperature
+        new.relaxed = self.relaxed
+        super(BernoulliMaskedNormal, new).__init__(
+            batch_shape, self.event_shape, validate_args=False
+        )
+        new._validate_args = self._validate_args
+        return new
+
+    def _mask_shape(self, sample_shape):
+        return torch.Size(sample_shape) + self.mask_shape
+
+    def sample_mask(self, sample_shape=torch.Size()):
+        """A hard Bernoulli(1 - p) keep mask of shape ``sample_shape + mask_shape``."""
+        with torch.no_grad():
+            rate = self.dropout_rate.detach()
+            return concrete_keep_mask(rate, self.temperature, self._mask_shape(sample_shape), False)
+
+    def rsample(self, sample_shape=torch.Size()):
+        shape = self._extended_shape(sample_shape)
+        if self.relaxed:
+            z = concrete_keep_mask(
+                self.dropout_rate, self.temperature, self._mask_shape(sample_shape)
+            )
+        else:
+            z = self.sample_mask(sample_shape)
+        eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return z * self.loc + self.scale * eps
+
+    def sample(self, sample_shape=torch.Size()):
+        # A draw from q itself: hard masks, whatever ``relaxed`` says.
+        with torch.no_grad():
+            shape = self._extended_shape(sample_shape)
+            z = self.sample_mask(sample_shape)
+            eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+            return z * self.loc + self.scale * eps
+
+    def _group_dims(self):
+        """Event dims along which one mask value is shared: the output dim and the kernel dims."""
+        return (-self.event_dim,) + tuple(range(-self.event_dim + 2, 0))
+
+    def log_prob(self, value):
+        r"""Exact log density of the hard family :math:`q`: per input unit :math:`c` (all
+        weights sharing its mask), :math:`\log[(1-p_c)\mathcal N(w_c; m_c, \sigma_c^2) +
+        p_c\mathcal N(w_c; 0, \sigma_c^2)]`, summed over units. Not the density of a relaxed
+        draw (which has none in closed form)."""
+        if self._validate_args:
+            self._validate_sample(value)
+        dims = self._group_dims()
+        log_norm = -torch.log(self.scale) - 0.5 * math.log(2 * math.pi)
+        on = (log_norm - 0.5 * ((value - self.loc) / self.scale) ** 2).sum(dims, keepdim=True)
+        off = (log_norm - 0.5 * (value / self.scale) ** 2).sum(dims, keepdim=True)
+        p = self.dropout_rate
+        log_mix = torch.logaddexp(torch.log1p(-p) + on, torch.log(p) + off)
+        return log_mix.sum(tuple(range(-self.event_dim, 0)))
