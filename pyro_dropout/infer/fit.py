@@ -8,7 +8,7 @@ import weakref
 import pyro
 from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from .._checks import positive_int
@@ -40,6 +40,7 @@ def fit(
     progress=True,
     callback=None,
     seed=None,
+    num_data=None,
 ):
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
@@ -83,6 +84,10 @@ def fit(
         all. A non-finite loss stops the fit in every mode.
     :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
+    :param int num_data: the full data size ``N`` for a streamed source whose dataset has no
+        length (an ``IterableDataset``: then pass ``num_steps``, as an epoch's length is
+        unknown); by default the length of the Dataset or of the DataLoader's dataset.
+        Ignored for in-memory tensors (``N`` is their number of rows).
 
     ``model.max_plate_nesting`` is passed to the ELBO when the model has it (the library's
     models do); for a wrapped model (e.g. ``poutine.block(model)``) Pyro guesses it.
@@ -110,14 +115,17 @@ def fit(
         raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    batches = _batches(model, guide, x, y, batch_size, jit)
+    if num_data is not None:
+        positive_int(num_data, "num_data")
+    batches = _batches(model, guide, x, y, batch_size, jit, num_data)
+    if num_steps is None and batches.steps_per_epoch is None:
+        raise ValueError(
+            "fit: the data are a stream without a length (IterableDataset), so an epoch has "
+            "no known number of steps: pass num_steps instead of num_epochs"
+        )
     total = num_steps if num_steps is not None else num_epochs * batches.steps_per_epoch
     optim = optim if optim is not None else fused_adam({"lr": lr})
-    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
-        num_particles=num_particles,
-        vectorize_particles=vectorize_particles,
-        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
-    )
+    elbo = make_elbo(model, jit, num_particles, vectorize_particles)
     svi = SVI(model, guide, optim, elbo)
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
@@ -152,6 +160,16 @@ def fit(
     return losses
 
 
+def make_elbo(model, jit=False, num_particles=1, vectorize_particles=False):
+    """The ELBO ``fit`` trains with: :class:`MeanFieldELBO` (or its JIT version), with the
+    model's ``max_plate_nesting`` when it declares one (Pyro guesses it otherwise)."""
+    return (JitMeanFieldELBO if jit else MeanFieldELBO)(
+        num_particles=num_particles,
+        vectorize_particles=vectorize_particles,
+        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
+    )
+
+
 _FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
 
 
@@ -176,7 +194,7 @@ def _warn_if_model_params_are_shared(model, guide, params):
         )
 
 
-def _batches(model, guide, x, y, batch_size, jit):
+def _batches(model, guide, x, y, batch_size, jit, num_data=None):
     """The minibatch source for ``fit``'s data (see :mod:`pyro_dropout.infer.minibatch`)."""
     if isinstance(x, DataLoader):
         if y is not None or batch_size is not None:
@@ -184,12 +202,23 @@ def _batches(model, guide, x, y, batch_size, jit):
                 "fit: with a DataLoader pass neither y nor batch_size (the loader yields (x, y) "
                 "batches of its own size)"
             )
-        return LoaderBatches(model, x, guide)
+        return LoaderBatches(model, x, guide, num_data)
+    if isinstance(x, IterableDataset):
+        if y is not None:
+            raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
+        if batch_size is None:
+            raise ValueError(
+                "fit: an IterableDataset has no length to make one full batch of: pass "
+                "batch_size (or a DataLoader over it)"
+            )
+        loader = DataLoader(x, batch_size=batch_size)  # a stream is read in its own order
+        return LoaderBatches(model, loader, guide, num_data)
     if isinstance(x, Dataset):
         if y is not None:
             raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
         size = len(x) if batch_size is None else batch_size
-        return LoaderBatches(model, DataLoader(x, batch_size=size, shuffle=True), guide)
+        loader = DataLoader(x, batch_size=size, shuffle=True)
+        return LoaderBatches(model, loader, guide, num_data)
     x = as_model_input(x, model, "x", guide)
     y = as_model_input(y, model, "y", guide)
     return InMemoryBatches(model, x, y, batch_size, jit)
