@@ -10,9 +10,8 @@ import os
 import sys
 import warnings
 
-import torch
-
 import lightning as L
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _problem import FixedNoise, make_problem  # noqa: E402

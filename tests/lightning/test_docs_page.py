@@ -17,7 +17,8 @@ def _blocks():
 
 @pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated")
 @pytest.mark.filterwarnings("ignore:The 'train_dataloader' does not have many workers")
-def test_scaling_out_page_runs():
+def test_scaling_out_page_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the page's Trainer writes its default checkpoints/ here
     fit_block, module_block = _blocks()[:2]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 3, generator=g)
@@ -31,3 +32,4 @@ def test_scaling_out_page_runs():
     exec(code, namespace)  # noqa: S102 - the page's own code
     assert namespace["trainer"].global_step == 2 * (300 // 128)
     assert namespace["pred"].samples.shape[1] == 20
+    assert list(tmp_path.glob("checkpoints/*.ckpt"))  # Lightning's default ModelCheckpoint
