@@ -89,8 +89,11 @@ class BayesianModule(L.LightningModule):
         ``PyroModule``), called as ``model(x, y)`` (plus ``num_data=N`` if it takes it).
     :param guide: a guide of this library (``AutoDropout``, ``AutoMeanField``,
         ``AutoVariationalDropout``) or any ``AutoGuide`` whose parameters are module
-        parameters. Pyro's ``AutoMessenger`` guides are not supported (they break with
-        module-local parameters, see Pyro's ``examples/svi_lightning.py``).
+        parameters (``PyroParam``). Works with Pyro's default global parameter store (the
+        store and the module hold the same tensors) and with
+        ``pyro.settings.set(module_local_params=True)`` set before building the model and
+        guide, as in Pyro's ``examples/svi_lightning.py``. Pyro's ``AutoMessenger`` guides are
+        not supported (Pyro reports they break with module-local parameters; untested here).
     :param example: a minibatch ``(x, y)`` (e.g. ``next(iter(loader))``) used once to create
         the guide's parameters, which Pyro creates lazily on the first call; not needed if the
         guide has been called (or fitted) before. Needed before ``configure_optimizers``, and
