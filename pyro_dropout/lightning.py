@@ -76,7 +76,7 @@ except ImportError as e:  # optional dependency
         "(or pip install 'lightning>=2.4')"
     ) from e
 
-__all__ = ["BayesianModule", "rank_seed"]
+__all__ = ["BayesianModule", "fit_on_devices", "rank_seed"]
 
 _CKPT_KEY = "pyro_dropout"
 
@@ -278,6 +278,56 @@ class BayesianModule(L.LightningModule):
         if states and len(states) == world:
             _set_rng_state(states[self.global_rank])
         # else (another number of processes): the seeds of setup() apply.
+
+
+class _LossHistory(L.Callback):
+    """Each step's loss, and ``fit``'s ``callback(step, loss)`` (``True`` stops)."""
+
+    def __init__(self, callback=None):
+        self.losses, self.callback = [], callback
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        loss = outputs["loss"].item()
+        self.losses.append(loss)
+        if self.callback is not None and self.callback(len(self.losses) - 1, loss):
+            trainer.should_stop = True
+
+
+def fit_on_devices(
+    model,
+    guide,
+    loader,
+    *,
+    devices=1,
+    num_steps=None,
+    num_epochs=None,
+    accelerator="auto",
+    progress=True,
+    callback=None,
+    **module_kwargs,
+):
+    """``fit(..., devices=K)`` (see :func:`~pyro_dropout.fit`): a :class:`BayesianModule` on a
+    ``lightning.Trainer`` with ``devices`` devices (``strategy="ddp"`` when more than one),
+    for ``num_steps`` steps or ``num_epochs`` epochs; returns this process's per-step losses.
+    ``module_kwargs`` go to :class:`BayesianModule` (``lr``, ``seed``, ``jit``, ...)."""
+    if (num_steps is None) == (num_epochs is None):
+        raise ValueError("pass exactly one of num_steps and num_epochs")
+    module = BayesianModule(model, guide, example=next(iter(loader)), **module_kwargs)
+    history = _LossHistory(callback)
+    trainer = L.Trainer(
+        max_epochs=num_epochs if num_epochs is not None else -1,
+        max_steps=num_steps if num_steps is not None else -1,
+        accelerator=accelerator,
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        callbacks=[history],
+    )
+    trainer.fit(module, loader)
+    return history.losses
 
 
 def rank_seed(seed, rank):

@@ -8,12 +8,12 @@ import weakref
 import pyro
 from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
-from .data import as_model_input
+from .data import as_model_input, check_rows
 from .elbo import JitMeanFieldELBO, MeanFieldELBO
 from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
@@ -41,6 +41,7 @@ def fit(
     callback=None,
     seed=None,
     num_data=None,
+    devices=None,
 ):
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
@@ -88,6 +89,12 @@ def fit(
         length (an ``IterableDataset``: then pass ``num_steps``, as an epoch's length is
         unknown); by default the length of the Dataset or of the DataLoader's dataset.
         Ignored for in-memory tensors (``N`` is their number of rows).
+    :param int devices: train with PyTorch Lightning (extra ``lightning``) on this many
+        devices instead of plain SVI: ``1`` for one process, ``K > 1`` for
+        ``strategy="ddp"`` on ``K`` CPU processes or GPUs (Lightning's launcher re-runs the
+        script for the other ranks: run it as a script). The same ELBO, scale and Adam update
+        (:class:`pyro_dropout.lightning.BayesianModule`; ``optim`` is not accepted); the
+        returned losses are this process's. See ``docs/scaling-out.md``.
 
     ``model.max_plate_nesting`` is passed to the ELBO when the model has it (the library's
     models do); for a wrapped model (e.g. ``poutine.block(model)``) Pyro guesses it.
@@ -117,6 +124,8 @@ def fit(
         pyro.set_rng_seed(seed)
     if num_data is not None:
         positive_int(num_data, "num_data")
+    if devices is not None:
+        return _fit_on_devices(**locals())
     batches = _batches(model, guide, x, y, batch_size, jit, num_data)
     if num_steps is None and batches.steps_per_epoch is None:
         raise ValueError(
@@ -192,6 +201,31 @@ def _warn_if_model_params_are_shared(model, guide, params):
             UserWarning,
             stacklevel=3,
         )
+
+
+def _fit_on_devices(*, model, guide, x, y, batch_size, optim, devices, **kw):
+    """``fit(..., devices=K)``: the same fit on a Lightning Trainer (see the docstring)."""
+    positive_int(devices, "devices")
+    if optim is not None:
+        raise ValueError(
+            "fit(devices=...) trains with torch.optim.Adam(lr=lr); for another optimiser use "
+            "pyro_dropout.lightning.BayesianModule(model, guide, optimizer=...) with a Trainer"
+        )
+    from ..lightning import fit_on_devices  # lazy: lightning is an optional dependency
+
+    if isinstance(x, (DataLoader, Dataset)):  # the checks and the loader of the SVI route
+        loader = _batches(model, guide, x, y, batch_size, False, kw["num_data"]).loader
+    else:
+        x = as_model_input(x, model, "x", guide)
+        y = as_model_input(y, model, "y", guide)
+        check_rows(x, y)
+        data = TensorDataset(x) if y is None else TensorDataset(x, y)
+        loader = DataLoader(data, batch_size=batch_size or x.shape[0], shuffle=True)
+    keys = (
+        "num_steps", "num_epochs", "num_data", "lr", "local_reparameterization", "estimator",
+        "jit", "num_particles", "vectorize_particles", "validate", "progress", "callback", "seed",
+    )  # fmt: skip
+    return fit_on_devices(model, guide, loader, devices=devices, **{k: kw[k] for k in keys})
 
 
 def _batches(model, guide, x, y, batch_size, jit, num_data=None):

@@ -1,6 +1,7 @@
 """BayesianModule with an ordinary lightning.Trainer in one process: checkpoints, logging,
 errors, and the three guides against fit()."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,25 @@ def test_trainer_fit_matches_fit_held_out(name):
         scores[route] = pred.log_likelihood(yte).mean().item()
     assert scores["fit"] > 0.1  # both learned the sine (a constant predictor scores < -10)
     assert abs(scores["trainer"] - scores["fit"]) < 0.25, scores
+
+
+def test_fit_with_devices_runs_the_trainer():
+    """fit(..., devices=1): the Lightning route without Lightning code, same loss history."""
+    x, y, loader, model, guide = make_problem("vd")
+    guide(x[:8], y[:8])  # create the parameters, to see them move
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    assert before
+    losses = pd.fit(
+        model, guide, x, y, num_epochs=2, batch_size=16, lr=1e-2, devices=1, progress=False,
+        seed=0,
+    )  # fmt: skip
+    assert len(losses) == 2 * 4 and all(math.isfinite(v) for v in losses)
+    after = guide.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    stopped = pd.fit(
+        model, guide, x, y, num_steps=10, batch_size=16, devices=1, progress=False,
+        callback=lambda step, loss: step == 2,
+    )  # fmt: skip
+    assert len(stopped) == 3
+    with pytest.raises(ValueError, match="torch.optim.Adam"):
+        pd.fit(model, guide, x, y, num_steps=1, devices=1, optim=pyro.optim.Adam({}))
