@@ -52,8 +52,11 @@ def fit(
 
     :param x: inputs, one row per observation: a tensor or numpy array (floating values are
         cast to the model's dtype, see :mod:`pyro_dropout.infer.data`), a
-        ``torch.utils.data.Dataset`` of ``(x, y)`` pairs, or a ``DataLoader`` yielding
-        ``(x, y)`` batches (then no ``y`` and no ``batch_size``).
+        ``torch.utils.data.Dataset`` of ``(x, y)`` pairs (shuffled each epoch; an
+        ``IterableDataset`` is read in its own order and needs ``num_data`` and
+        ``num_steps``), or a ``DataLoader`` yielding ``(x, y)`` batches (then no ``y`` and no
+        ``batch_size``). The full data size ``N`` of the minibatch scale is the dataset's
+        length (``num_data`` for a stream), also under a ``DistributedSampler``.
     :param y: targets, one row per row of ``x`` (None for a Dataset or DataLoader). All rows
         are checked before the first step: finite values and, for a discrete observed site,
         values in its support (e.g. class labels below the number of classes); the error
