@@ -93,12 +93,24 @@ class MeanFieldELBO(TraceMeanField_ELBO):
         return model_trace, guide_trace
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):
-        elbo = 0.0
+        data, kl = self._elbo_terms_particle(model_trace, guide_trace)
+        elbo = data - kl
+        loss = -torch_item(elbo)
+        warn_if_nan(loss, "loss")
+        return loss, -elbo
+
+    def _elbo_terms_particle(self, model_trace, guide_trace):
+        r"""The two terms of one particle's ELBO estimate, ``ELBO = data - kl``:
+        ``data = Σ_obs scale · log p(y | ·)`` (the observed sites, scaled to the full data) and
+        ``kl = Σ_latent KL(q ‖ p)`` (analytic where registered; else the Monte-Carlo term
+        ``log q - log p`` through the guide's entropy, as in Pyro)."""
+        data = 0.0
+        kl_total = 0.0
         for name, model_site in model_trace.nodes.items():
             if model_site["type"] != "sample":
                 continue
             if model_site["is_observed"]:
-                elbo = elbo + model_site["log_prob_sum"]
+                data = data + model_site["log_prob_sum"]
                 continue
             guide_site = guide_trace.nodes[name]
             kl = guide_site.get("kl")
@@ -111,21 +123,35 @@ class MeanFieldELBO(TraceMeanField_ELBO):
                     )
             if kl is None:
                 entropy = guide_site["score_parts"].entropy_term
-                elbo = elbo + model_site["log_prob_sum"] - entropy.sum()
+                kl_total = kl_total - (model_site["log_prob_sum"] - entropy.sum())
             elif torch.is_tensor(kl):
                 assert kl.shape == guide_site["fn"].batch_shape, (name, kl.shape)
-                elbo = elbo - kl.sum()
+                kl_total = kl_total + kl.sum()
             else:
-                elbo = elbo - kl * torch.Size(guide_site["fn"].batch_shape).numel()
+                kl_total = kl_total + kl * torch.Size(guide_site["fn"].batch_shape).numel()
         for name, guide_site in guide_trace.nodes.items():
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
                 assert guide_site["infer"].get("is_auxiliary")
                 entropy = guide_site["score_parts"].entropy_term
                 if not is_identically_zero(entropy):
-                    elbo = elbo - entropy.sum()
-        loss = -torch_item(elbo)
-        warn_if_nan(loss, "loss")
-        return loss, -elbo
+                    kl_total = kl_total + entropy.sum()
+        return data, kl_total
+
+    def loss_terms(self, model, guide, *args, **kwargs):
+        r"""``(loss, data, kl)`` as differentiable tensors, each averaged over the particles:
+        ``loss = kl - data`` is :meth:`differentiable_loss` (the negative ELBO estimate), ``data``
+        the expected log-likelihood term on the full-data scale, ``kl`` the KL term. For
+        logging the two parts of the loss without a second pass (e.g.
+        :class:`pyro_dropout.lightning.BayesianModule`)."""
+        data = kl = 0.0
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            d, k = self._elbo_terms_particle(model_trace, guide_trace)
+            data = data + d / self.num_particles
+            kl = kl + k / self.num_particles
+        data, kl = (torch.as_tensor(t) for t in (data, kl))
+        loss = kl - data
+        warn_if_nan(torch_item(loss), "loss")
+        return loss, data, kl
 
 
 def _signature(value):
@@ -168,8 +194,9 @@ class JitMeanFieldELBO(MeanFieldELBO):
         self.jit_options = jit_options
         self._compiled = {}
 
-    def _compiled_loss(self, model, guide, args, kwargs):
+    def _compiled_loss(self, model, guide, args, kwargs, terms=False):
         key = (
+            terms,
             id(model),
             id(guide),
             tuple(_signature(a) for a in args),
@@ -182,8 +209,11 @@ class JitMeanFieldELBO(MeanFieldELBO):
         if fn is None:
             weakself = weakref.ref(self)
 
+            # One traced graph per output: the loss alone, or (loss, data, kl) for logging.
+            method = MeanFieldELBO.loss_terms if terms else MeanFieldELBO.differentiable_loss
+
             def loss(*args, **kwargs):
-                return MeanFieldELBO.differentiable_loss(weakself(), model, guide, *args, **kwargs)
+                return method(weakself(), model, guide, *args, **kwargs)
 
             fn = pyro.ops.jit.trace(
                 loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
@@ -193,6 +223,12 @@ class JitMeanFieldELBO(MeanFieldELBO):
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         fn = self._compiled_loss(model, guide, args, kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
+            return fn(*args, **kwargs)
+
+    def loss_terms(self, model, guide, *args, **kwargs):
+        fn = self._compiled_loss(model, guide, args, kwargs, terms=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
             return fn(*args, **kwargs)

@@ -8,12 +8,12 @@ import weakref
 import pyro
 from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
-from .data import as_model_input
+from .data import as_model_input, check_rows
 from .elbo import JitMeanFieldELBO, MeanFieldELBO
 from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
@@ -40,6 +40,8 @@ def fit(
     progress=True,
     callback=None,
     seed=None,
+    num_data=None,
+    devices=None,
 ):
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
@@ -50,8 +52,11 @@ def fit(
 
     :param x: inputs, one row per observation: a tensor or numpy array (floating values are
         cast to the model's dtype, see :mod:`pyro_dropout.infer.data`), a
-        ``torch.utils.data.Dataset`` of ``(x, y)`` pairs, or a ``DataLoader`` yielding
-        ``(x, y)`` batches (then no ``y`` and no ``batch_size``).
+        ``torch.utils.data.Dataset`` of ``(x, y)`` pairs (shuffled each epoch; an
+        ``IterableDataset`` is read in its own order and needs ``num_data`` and
+        ``num_steps``), or a ``DataLoader`` yielding ``(x, y)`` batches (then no ``y`` and no
+        ``batch_size``). The full data size ``N`` of the minibatch scale is the dataset's
+        length (``num_data`` for a stream), also under a ``DistributedSampler``.
     :param y: targets, one row per row of ``x`` (None for a Dataset or DataLoader). All rows
         are checked before the first step: finite values and, for a discrete observed site,
         values in its support (e.g. class labels below the number of classes); the error
@@ -83,6 +88,16 @@ def fit(
         all. A non-finite loss stops the fit in every mode.
     :param callback: called as ``callback(step, loss)`` after each step; returning ``True`` stops.
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
+    :param int num_data: the full data size ``N`` for a streamed source whose dataset has no
+        length (an ``IterableDataset``: then pass ``num_steps``, as an epoch's length is
+        unknown); by default the length of the Dataset or of the DataLoader's dataset.
+        Ignored for in-memory tensors (``N`` is their number of rows).
+    :param int devices: train with PyTorch Lightning (extra ``lightning``) on this many
+        devices instead of plain SVI: ``1`` for one process, ``K > 1`` for
+        ``strategy="ddp"`` on ``K`` CPU processes or GPUs (Lightning's launcher re-runs the
+        script for the other ranks: run it as a script). The same ELBO, scale and Adam update
+        (:class:`pyro_dropout.lightning.BayesianModule`; ``optim`` is not accepted); the
+        returned losses are this process's. See ``docs/scaling-out.md``.
 
     ``model.max_plate_nesting`` is passed to the ELBO when the model has it (the library's
     models do); for a wrapped model (e.g. ``poutine.block(model)``) Pyro guesses it.
@@ -110,14 +125,19 @@ def fit(
         raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
     if seed is not None:
         pyro.set_rng_seed(seed)
-    batches = _batches(model, guide, x, y, batch_size, jit)
+    if num_data is not None:
+        positive_int(num_data, "num_data")
+    if devices is not None:
+        return _fit_on_devices(**locals())
+    batches = _batches(model, guide, x, y, batch_size, jit, num_data)
+    if num_steps is None and batches.steps_per_epoch is None:
+        raise ValueError(
+            "fit: the data are a stream without a length (IterableDataset), so an epoch has "
+            "no known number of steps: pass num_steps instead of num_epochs"
+        )
     total = num_steps if num_steps is not None else num_epochs * batches.steps_per_epoch
     optim = optim if optim is not None else fused_adam({"lr": lr})
-    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
-        num_particles=num_particles,
-        vectorize_particles=vectorize_particles,
-        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
-    )
+    elbo = make_elbo(model, jit, num_particles, vectorize_particles)
     svi = SVI(model, guide, optim, elbo)
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
@@ -152,6 +172,16 @@ def fit(
     return losses
 
 
+def make_elbo(model, jit=False, num_particles=1, vectorize_particles=False):
+    """The ELBO ``fit`` trains with: :class:`MeanFieldELBO` (or its JIT version), with the
+    model's ``max_plate_nesting`` when it declares one (Pyro guesses it otherwise)."""
+    return (JitMeanFieldELBO if jit else MeanFieldELBO)(
+        num_particles=num_particles,
+        vectorize_particles=vectorize_particles,
+        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
+    )
+
+
 _FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
 
 
@@ -176,7 +206,32 @@ def _warn_if_model_params_are_shared(model, guide, params):
         )
 
 
-def _batches(model, guide, x, y, batch_size, jit):
+def _fit_on_devices(*, model, guide, x, y, batch_size, optim, devices, **kw):
+    """``fit(..., devices=K)``: the same fit on a Lightning Trainer (see the docstring)."""
+    positive_int(devices, "devices")
+    if optim is not None:
+        raise ValueError(
+            "fit(devices=...) trains with torch.optim.Adam(lr=lr); for another optimiser use "
+            "pyro_dropout.lightning.BayesianModule(model, guide, optimizer=...) with a Trainer"
+        )
+    from ..lightning import fit_on_devices  # lazy: lightning is an optional dependency
+
+    if isinstance(x, (DataLoader, Dataset)):  # the checks and the loader of the SVI route
+        loader = _batches(model, guide, x, y, batch_size, False, kw["num_data"]).loader
+    else:
+        x = as_model_input(x, model, "x", guide)
+        y = as_model_input(y, model, "y", guide)
+        check_rows(x, y)
+        data = TensorDataset(x) if y is None else TensorDataset(x, y)
+        loader = DataLoader(data, batch_size=batch_size or x.shape[0], shuffle=True)
+    keys = (
+        "num_steps", "num_epochs", "num_data", "lr", "local_reparameterization", "estimator",
+        "jit", "num_particles", "vectorize_particles", "validate", "progress", "callback", "seed",
+    )  # fmt: skip
+    return fit_on_devices(model, guide, loader, devices=devices, **{k: kw[k] for k in keys})
+
+
+def _batches(model, guide, x, y, batch_size, jit, num_data=None):
     """The minibatch source for ``fit``'s data (see :mod:`pyro_dropout.infer.minibatch`)."""
     if isinstance(x, DataLoader):
         if y is not None or batch_size is not None:
@@ -184,12 +239,23 @@ def _batches(model, guide, x, y, batch_size, jit):
                 "fit: with a DataLoader pass neither y nor batch_size (the loader yields (x, y) "
                 "batches of its own size)"
             )
-        return LoaderBatches(model, x, guide)
+        return LoaderBatches(model, x, guide, num_data)
+    if isinstance(x, IterableDataset):
+        if y is not None:
+            raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
+        if batch_size is None:
+            raise ValueError(
+                "fit: an IterableDataset has no length to make one full batch of: pass "
+                "batch_size (or a DataLoader over it)"
+            )
+        loader = DataLoader(x, batch_size=batch_size)  # a stream is read in its own order
+        return LoaderBatches(model, loader, guide, num_data)
     if isinstance(x, Dataset):
         if y is not None:
             raise ValueError("fit: with a Dataset (yielding (x, y) pairs) pass no y")
         size = len(x) if batch_size is None else batch_size
-        return LoaderBatches(model, DataLoader(x, batch_size=size, shuffle=True), guide)
+        loader = DataLoader(x, batch_size=size, shuffle=True)
+        return LoaderBatches(model, loader, guide, num_data)
     x = as_model_input(x, model, "x", guide)
     y = as_model_input(y, model, "y", guide)
     return InMemoryBatches(model, x, y, batch_size, jit)

@@ -28,7 +28,14 @@ from torch.distributions import constraints
 from .data import as_model_input, check_rows
 from .draws import SubsampleIndices
 
-__all__ = ["ModelProbe", "ScaleObserved", "probe_model", "accepts_num_data"]
+__all__ = [
+    "ModelProbe",
+    "ScaleObserved",
+    "accepts_num_data",
+    "dataset_size",
+    "minibatch_scaling",
+    "probe_model",
+]
 
 #: Rows of the first probe of a model (the probe runs its forward pass once).
 PROBE_ROWS = 512
@@ -200,21 +207,71 @@ class InMemoryBatches:
         return args, {}, ScaleObserved(self.n / idx.numel())
 
 
-class LoaderBatches:
-    """Minibatches streamed from a ``torch.utils.data.DataLoader`` (module docs)."""
+def dataset_size(loader, num_data=None, who="fit"):
+    """The full-data size ``N`` for a loader's minibatch scale: ``num_data`` when given, else
+    the length of the loader's dataset (the whole data set, also under a
+    ``DistributedSampler``, which only picks each rank's rows)."""
+    if num_data is not None:
+        return int(num_data)
+    try:
+        return len(loader.dataset)
+    except TypeError:
+        raise ValueError(
+            f"{who}: the DataLoader's dataset has no length (an IterableDataset or a stream), "
+            "so the full data size that scales the likelihood is unknown: pass num_data=N (the "
+            "number of rows one pass over the data yields)"
+        ) from None
 
-    def __init__(self, model, loader, guide=None):
+
+def check_loader_probe(probe, who="fit"):
+    """A loader makes the minibatches: the model must not subsample a plate itself."""
+    if probe.plates:
+        raise ValueError(
+            f"{who}: the model subsamples the plate(s) {sorted(probe.plates)} itself; with a "
+            "DataLoader the loader makes the minibatches: give the plate no subsample_size (and "
+            "the model a num_data argument, or none)"
+        )
+
+
+def minibatch_scaling(takes_num_data, num_data, rows):
+    r"""``(kwargs, messenger or None)`` that scale a minibatch of ``rows`` rows to the full
+    data size ``N = num_data``: ``{"num_data": N}`` for a model that takes it (its data plate
+    then scales the likelihood by ``N / rows``), else :class:`ScaleObserved` ``(N / rows)``."""
+    if takes_num_data:
+        return {"num_data": num_data}, None
+    return {}, ScaleObserved(num_data / rows)
+
+
+def loader_batch(batch, model, guide=None, who="fit"):
+    """``(x, y or None)`` from one DataLoader batch (a tensor ``x`` or a pair ``(x, y)``), with
+    floating values cast to the model's dtype."""
+    if torch.is_tensor(batch):
+        batch = (batch,)
+    if not isinstance(batch, (tuple, list)) or not 1 <= len(batch) <= 2:
+        raise TypeError(
+            f"{who}: a DataLoader batch must be a tensor x or a pair (x, y); got "
+            f"{type(batch).__name__}"
+        )
+    x = as_model_input(batch[0], model, "x", guide)
+    y = as_model_input(batch[1], model, "y", guide) if len(batch) == 2 else None
+    return x, y
+
+
+class LoaderBatches:
+    """Minibatches streamed from a ``torch.utils.data.DataLoader`` (module docs).
+
+    A loader without a length (over an ``IterableDataset``) needs ``num_data`` and is
+    restarted whenever it is exhausted (``steps_per_epoch`` is then ``None``)."""
+
+    def __init__(self, model, loader, guide=None, num_data=None):
         self.loader = loader
         self.model = model
         self.guide = guide
+        self.n = dataset_size(loader, num_data)
         try:
-            self.n = len(loader.dataset)
             self.steps_per_epoch = len(loader)
         except TypeError:
-            raise ValueError(
-                "fit: the DataLoader's dataset needs a length (the full data size scales the "
-                "likelihood); an IterableDataset without __len__ cannot be used"
-            ) from None
+            self.steps_per_epoch = None  # a stream: an epoch ends when the iterator does
         if self.steps_per_epoch == 0:
             raise ValueError("fit: the DataLoader yields no batches")
         self.num_data = accepts_num_data(model)
@@ -224,37 +281,39 @@ class LoaderBatches:
         self.probe = None
 
     def _batch(self, batch):
-        if torch.is_tensor(batch):
-            batch = (batch,)
-        if not isinstance(batch, (tuple, list)) or not 1 <= len(batch) <= 2:
-            raise TypeError(
-                "fit: a DataLoader batch must be a tensor x or a pair (x, y); got "
-                f"{type(batch).__name__}"
-            )
-        x = as_model_input(batch[0], self.model, "x", self.guide)
-        y = as_model_input(batch[1], self.model, "y", self.guide) if len(batch) == 2 else None
-        return x, y
+        return loader_batch(batch, self.model, self.guide)
+
+    def _next(self, step):
+        if self._it is None or (
+            self.steps_per_epoch is not None and step % self.steps_per_epoch == 0
+        ):
+            return self._restart(step)
+        try:
+            return next(self._it)
+        except StopIteration:
+            if self.steps_per_epoch is not None:
+                raise
+            return self._restart(step)
+
+    def _restart(self, step):
+        if self._it is not None:
+            self._first_epoch = False
+        self._it = iter(self.loader)
+        self._seen = 0
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise ValueError(f"fit: the DataLoader yielded no batches (step {step})") from None
 
     def step(self, step):
-        if step % self.steps_per_epoch == 0:
-            if self._it is not None:
-                self._first_epoch = False
-            self._it = iter(self.loader)
-            self._seen = 0
-        x, y = self._batch(next(self._it))
+        x, y = self._batch(self._next(step))
         args = (x,) if y is None else (x, y)
         if self.probe is None:
             self.probe = ModelProbe(probe_model(self.model, args, {}), x.shape[0])
-            if self.probe.plates:
-                raise ValueError(
-                    f"fit: the model subsamples the plate(s) {sorted(self.probe.plates)} itself; "
-                    "with a DataLoader the loader makes the minibatches: give the plate no "
-                    "subsample_size (and the model a num_data argument, or none)"
-                )
+            check_loader_probe(self.probe)
         if self._first_epoch:  # checked as the batches stream by, once
             check_rows(x, y, offset=self._seen)
             check_support(y, self.probe, offset=self._seen)
         self._seen += x.shape[0]
-        if self.num_data:
-            return args, {"num_data": self.n}, None
-        return args, {}, ScaleObserved(self.n / x.shape[0])
+        kwargs, scaling = minibatch_scaling(self.num_data, self.n, x.shape[0])
+        return args, kwargs, scaling
