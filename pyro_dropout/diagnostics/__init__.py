@@ -27,16 +27,26 @@ from .metrics import (
     rmse,
 )
 from .plots import plot_calibration, plot_compare, plot_khat, plot_predictive_bands
+from .reference import (
+    RHAT_THRESHOLD,
+    ReferenceConvergenceWarning,
+    predictive_convergence,
+    reference_posterior,
+)
+from .samples import ensemble_inference_data, samples_inference_data
 from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
 
 __all__ = [
     "ARVIZ_VERSION",
+    "RHAT_THRESHOLD",
+    "ReferenceConvergenceWarning",
     "IS_ARVIZ_1",
     "LooResult",
     "accuracy",
     "brier_score",
     "compare",
     "coverage_table",
+    "ensemble_inference_data",
     "expected_calibration_error",
     "from_netcdf",
     "guide_info",
@@ -52,8 +62,11 @@ __all__ = [
     "plot_compare",
     "plot_khat",
     "plot_predictive_bands",
+    "predictive_convergence",
+    "reference_posterior",
     "reliability_curve",
     "rmse",
+    "samples_inference_data",
     "summary",
     "to_inference_data",
     "to_netcdf",

@@ -120,6 +120,16 @@ def root_attrs(obj: Any) -> dict[str, Any]:
     return dict(obj.attrs or {})
 
 
+def update_root_attrs(obj: Any, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the root attributes of an ArviZ object, in place."""
+    if IS_ARVIZ_1:
+        obj.attrs.update(dict(attrs))
+    else:
+        if obj.attrs is None:
+            obj.attrs = {}
+        obj.attrs.update(dict(attrs))
+
+
 def to_netcdf(obj: Any, path: Any) -> Any:
     """Write an ArviZ object to a netCDF4/HDF5 file with the ``h5netcdf`` engine."""
     if IS_ARVIZ_1:
@@ -161,7 +171,8 @@ class LooResult:
 def loo(obj: Any, var_name: str | None = None) -> LooResult:
     """``az.loo(obj, pointwise=True, reff=1)`` on either line, normalised to :class:`LooResult`.
 
-    ``reff = 1`` because the draws are independent guide draws (one chain). ArviZ's
+    ``reff = 1`` for one chain (independent guide draws); with several chains (MCMC) ArviZ
+    estimates the relative effective sample size itself (``reff=None``). ArviZ's
     "Pareto k greater than ..." warning is not re-emitted: it is recorded in ``warning`` and in
     the per-point ``pareto_k``, which :func:`pyro_dropout.diagnostics.compare` tabulates.
     """
@@ -179,7 +190,8 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
     with warnings.catch_warnings():
         # Recorded in LooResult.warning / pareto_k instead (see docstring).
         warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
-        res = az.loo(obj, pointwise=True, var_name=var_name, reff=1.0, **kwargs)
+        reff = 1.0 if ll.sizes.get("chain", 1) == 1 else None
+        res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
     if IS_ARVIZ_1:
         elpd, p = float(res.elpd), float(res.p)
     else:
@@ -232,6 +244,16 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
         "log_weights": ll.copy(data=lw),
         "pareto_k": ll.isel(chain=0, draw=0, drop=True).copy(data=khat),
     }
+
+
+def rhat_ess(values: xr.DataArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ArviZ's rank-normalised split R-hat, bulk ESS and tail ESS (Vehtari et al. 2021) of a
+    ``(chain, draw, ...)`` array, one value per remaining element (same call on both lines)."""
+    ds = xr.Dataset({"v": values})
+    rhat = az.rhat(ds)["v"].values
+    bulk = az.ess(ds, method="bulk")["v"].values
+    tail = az.ess(ds, method="tail")["v"].values
+    return np.asarray(rhat), np.asarray(bulk), np.asarray(tail)
 
 
 #: Columns of :func:`compare_loo`'s table, in order.
