@@ -290,6 +290,24 @@ def _member_counts(num_samples: int, k: int) -> list[int]:
     return [num_samples // k + (i < num_samples % k) for i in range(k)]
 
 
+def _check_distinct(parts: Sequence[Draws], members: Sequence[tuple[Any, Any]]) -> None:
+    """Refuse members whose first draws coincide: the same fit counted twice, which is what
+    Pyro's autoguides of one class give on one model (their parameters are named
+    ``<ClassName>.<site>`` in the global param store, so every ``AutoDelta(model)`` reads and
+    trains the same values)."""
+    firsts = [np.concatenate([p.latents[k][0].ravel() for k in sorted(p.latents)]) for p in parts]
+    for i in range(len(parts)):
+        for j in range(i):
+            if np.array_equal(firsts[i], firsts[j]):
+                raise ValueError(
+                    f"ensemble members {j} and {i} give identical draws: they are the same fit. "
+                    "Pyro's autoguides of one class on one model share their parameters through "
+                    "the param store (names '<ClassName>.<site>'); give each member its own "
+                    "class name, e.g. guide = type(f'AutoDelta{k}', (AutoDelta,), {})(model), "
+                    f"and fit each. Members: {[guide_info(g)[0] for _, g in members]}"
+                )
+
+
 def ensemble_inference_data(
     members: Sequence[tuple[Any, Any]],
     x: Any,
@@ -315,6 +333,11 @@ def ensemble_inference_data(
     :func:`~pyro_dropout.diagnostics.to_inference_data` with one chain;
     ``sample_stats.member`` holds each draw's member index. There is no density ``q``:
     ``sample_stats.lq`` is NaN and the VI k-hat is reported as NaN with the reason.
+
+    Pyro's autoguides are named after their class in the param store, so two
+    ``AutoDelta(model)`` share one set of parameters; give each member its own class name
+    (``type(f"AutoDelta{k}", (AutoDelta,), {})(model)``). Members whose first draws coincide
+    are refused with that advice.
 
     Args:
         members: ``[(model, guide), ...]`` (at least two; every member's model must have the
@@ -349,6 +372,7 @@ def ensemble_inference_data(
     names = [sorted(p.latents) for p in parts]
     if any(n != names[0] for n in names):
         raise ValueError(f"the members' latent sites differ: {names}")
+    _check_distinct(parts, members)
     draws = Draws(
         latents={k: np.concatenate([p.latents[k] for p in parts]) for k in parts[0].latents},
         train=_concat_predictive([p.train for p in parts]),
