@@ -187,11 +187,19 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
             f"num_samples >= {MIN_LOO_DRAWS} (a few hundred for stable estimates)"
         )
     kwargs = _v1_constant_point_weights(obj, var_name) if IS_ARVIZ_1 else {}
+    reff = 1.0 if ll.sizes.get("chain", 1) == 1 else None
     with warnings.catch_warnings():
         # Recorded in LooResult.warning / pareto_k instead (see docstring).
         warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
-        reff = 1.0 if ll.sizes.get("chain", 1) == 1 else None
-        res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
+        try:
+            res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
+        except ValueError as e:
+            if not (IS_ARVIZ_1 and "All tail values are the same" in str(e)):
+                raise
+            # A few distinct draws (an ensemble of point masses): some varying points have a
+            # flat tail, which arviz-stats 1.x refuses; treat them as constant points are.
+            kwargs = _v1_constant_point_weights(obj, var_name, per_point=True)
+            res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
     if IS_ARVIZ_1:
         elpd, p = float(res.elpd), float(res.p)
     else:
@@ -210,7 +218,9 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
     )
 
 
-def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]:
+def _v1_constant_point_weights(
+    obj: Any, var_name: str | None, per_point: bool = False
+) -> dict[str, Any]:
     """PSIS weights for ``az.loo`` on 1.x when some pointwise log-likelihood is constant.
 
     When an observation's log-likelihood is the same for every draw (always so for a point-mass
@@ -219,6 +229,11 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     uniform weights (any weighting gives the same elpd_i) and k-hat = inf, and ArviZ's own
     ``psislw`` smooths the others; both are handed to ``az.loo`` (``log_weights``,
     ``pareto_k``). Returns ``{}`` when every point varies (the ordinary path).
+
+    With ``per_point`` each varying point is smoothed on its own, and a point whose Pareto
+    tail is flat (few distinct draws, e.g. an ensemble of a few point masses; arviz-stats
+    raises "All tail values are the same") gets its raw, self-normalised importance weights
+    ``1 / p(y_i | theta_s)`` and k-hat = inf, flagged like a constant point.
     """
     ll = get_group(obj, "log_likelihood")
     if var_name is None:
@@ -226,7 +241,7 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     ll = ll[var_name]
     sample_dims = ["chain", "draw"]
     spread = (ll.max(sample_dims) - ll.min(sample_dims)).values
-    if np.all(spread > 0):
+    if np.all(spread > 0) and not per_point:
         return {}
     obs_dims = [d for d in ll.dims if d not in sample_dims]
     if len(obs_dims) != 1:
@@ -236,10 +251,19 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     lw = np.full(ll.shape, -np.log(n_draws))
     khat = np.full(spread.shape, np.inf)
     idx = np.flatnonzero(spread > 0)
-    if idx.size:
+    if idx.size and not per_point:
         lw_sub, k_sub = ll.isel({obs_dims[0]: idx}).azstats.psislw(r_eff=1.0, dim=sample_dims)
         lw[(slice(None),) * axis + (idx,)] = lw_sub.transpose(*ll.dims).values
         khat[idx] = k_sub.values
+    for i in idx if per_point else ():
+        point = ll.isel({obs_dims[0]: [i]})
+        sel = (slice(None),) * axis + ([i],)
+        try:
+            lw_i, k_i = point.azstats.psislw(r_eff=1.0, dim=sample_dims)
+            lw[sel], khat[i] = lw_i.transpose(*ll.dims).values, float(k_i.values[0])
+        except ValueError:  # flat tail: raw importance weights, flagged
+            raw = -point.transpose(*ll.dims).values
+            lw[sel] = raw - np.logaddexp.reduce(raw.ravel())
     return {
         "log_weights": ll.copy(data=lw),
         "pareto_k": ll.isel(chain=0, draw=0, drop=True).copy(data=khat),

@@ -67,11 +67,23 @@ def _available_cores() -> int:
 
 
 def _run_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """One NUTS chain; runs in this process or in a spawned worker (``spec`` is picklable)."""
-    torch.set_num_threads(1)  # one thread per chain: two threads per chain on a loaded box
-    # were ~10x slower (docs: pitfalls); and chains in processes must not oversubscribe
-    torch.set_default_dtype(spec["default_dtype"])
-    pyro.enable_validation(spec["validation"])
+    """One NUTS chain; runs in this process or in a spawned worker (``spec`` is picklable).
+    Torch's thread count, default dtype and Pyro's validation flag are restored afterwards."""
+    saved = (torch.get_num_threads(), torch.get_default_dtype(), is_validation_enabled())
+    try:
+        # one thread per chain: two threads per chain on a loaded 2-core box were ~10x slower,
+        # and chains in parallel processes must not oversubscribe the cores
+        torch.set_num_threads(1)
+        torch.set_default_dtype(spec["default_dtype"])  # a spawned worker starts at float32
+        pyro.enable_validation(spec["validation"])
+        return _nuts_chain(spec)
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.set_default_dtype(saved[1])
+        pyro.enable_validation(saved[2])
+
+
+def _nuts_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
     pyro.set_rng_seed(spec["seed"])
     model = spec["model"]
     if isinstance(model, bytes):
@@ -101,12 +113,15 @@ def _run_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
         warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
         mcmc.run(*spec["args"])
     wall = time.perf_counter() - start
-    diag = mcmc.diagnostics()
-    divergences = list(diag.get("divergences", {}).get("chain 0", []))
+    # the kernel's counters as MCMC recorded them before the kernel's cleanup (the public
+    # MCMC.diagnostics() also computes Pyro's weight-space R-hat, which fails below 4 draws
+    # and is not what convergence is judged by here)
+    recorded = getattr(mcmc, "_diagnostics", None) or [{}]
+    diag = recorded[0]
     return {
         "samples": {k: v.detach().cpu() for k, v in mcmc.get_samples().items()},
-        "divergences": [int(i) for i in divergences],
-        "accept_rate": float(diag.get("acceptance rate", {}).get("chain 0", np.nan)),
+        "divergences": [int(i) for i in diag.get("divergences", [])],
+        "accept_rate": float(diag.get("acceptance rate", np.nan)),
         "step_size": float(kernel.step_size),
         "wall_s": wall,
     }
