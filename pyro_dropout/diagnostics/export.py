@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pyro
+import torch
 import xarray as xr
 from pyro.infer.autoguide import AutoLaplaceApproximation
 
@@ -302,10 +303,21 @@ def laplace_guide(model: Any, guide: Any, x: Any, y: Any) -> Any:
 
     A fitted ``AutoLaplaceApproximation`` itself draws only its MAP point; export and compare
     call this so that a Laplace fit is scored as the Gaussian it stands for.
+
+    Raises:
+        ValueError: the Hessian is not positive definite (no local MAP reached).
     """
     xm, ym = as_model_input(x, model, "x"), as_model_input(y, model, "y")
-    with weight_draws():
-        return guide.laplace_approximation(xm, ym)
+    try:
+        with weight_draws():
+            return guide.laplace_approximation(xm, ym)
+    except torch.linalg.LinAlgError as e:
+        raise ValueError(
+            "AutoLaplaceApproximation: the Hessian of -log p(theta, D) at the fitted point is "
+            "not positive definite, so there is no Gaussian to draw from: the fit has not "
+            "reached a local maximum of the posterior (fit longer, or with a smaller "
+            f"learning rate), or the posterior is flat in some direction ({e})"
+        ) from e
 
 
 def _samples_export(model, samples, x, y, x_test, y_test, var_names, dims, coords, obs, par, seed):
