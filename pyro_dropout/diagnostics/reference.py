@@ -250,7 +250,8 @@ def reference_posterior(
             from its own draw of it; by default Pyro's ``init_to_uniform``.
         processes: worker processes (default: as many as chains and cores allow; 1 runs the
             chains here, one after the other). Workers are spawned, so the model is pickled
-            (cloudpickle where plain pickle fails).
+            (cloudpickle where plain pickle fails) and a script that calls this needs the
+            ``if __name__ == "__main__":`` guard (Python's rule for spawned processes).
         seed: base seed; chain ``c`` uses ``seed + c``, the predictive draws ``seed``.
         obs_name: the observed site (found when omitted).
         rhat_threshold: warn above this function-space R-hat.
