@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pyro.infer.autoguide import AutoDelta
 from scipy import stats
 
+from pyro_dropout import fit
 from pyro_dropout.diagnostics import (
     agreement,
     compare,
@@ -132,3 +134,15 @@ def test_compare_adds_fidelity_columns(linreg, far):
     assert "ref_w1" not in compare(fits).columns
     with pytest.raises(ValueError, match="reference must be an ArviZ object"):
         compare(fits, reference={"a": 1})
+
+
+def test_map_fit_scores_worse_than_the_exact_posterior(linreg, far):
+    ref = _export(linreg, far, linreg.guide(), seed=1)
+    guide = AutoDelta(linreg_model)
+    fit(linreg_model, guide, linreg.x, linreg.y, num_steps=300, lr=0.05, progress=False, seed=0,
+        local_reparameterization=False)  # fmt: skip
+    map_ = fidelity_scores(_export(linreg, far, guide, seed=2), ref)
+    exact = fidelity_scores(_export(linreg, far, linreg.guide(), seed=2), ref)
+    assert map_["ref_w1"] > 2 * exact["ref_w1"]
+    assert map_["ref_sd_ratio"] < 0.8 < exact["ref_sd_ratio"]
+    assert map_["ref_cov90"] > exact["ref_cov90"]

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC, NUTS
@@ -16,6 +17,8 @@ from pyro.infer.autoguide import (
     AutoLowRankMultivariateNormal,
     AutoNormal,
 )
+from pyro.nn import PyroModule, PyroSample
+from torch import nn
 
 import pyro_dropout as pd
 from pyro_dropout.diagnostics import (
@@ -225,3 +228,39 @@ def test_ensemble_of_map_fits(linreg):
     shared = [(linreg_model, AutoDelta(linreg_model)), (linreg_model, AutoDelta(linreg_model))]
     with pytest.raises(ValueError, match="identical draws"):
         ensemble_inference_data(shared, x, y, 10)
+
+
+class TutorialBNN(PyroModule):
+    """The network of Pyro's BNN tutorial (docs/your-own-model.md), tiny."""
+
+    def __init__(self, hid_dim=3):
+        super().__init__()
+        self.layer1 = PyroModule[nn.Linear](1, hid_dim)
+        self.layer2 = PyroModule[nn.Linear](hid_dim, 1)
+        self.layer1.weight = PyroSample(dist.Normal(0.0, 1.0).expand([hid_dim, 1]).to_event(2))
+        self.layer1.bias = PyroSample(dist.Normal(0.0, 1.0).expand([hid_dim]).to_event(1))
+        self.layer2.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, hid_dim]).to_event(2))
+        self.layer2.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y=None):
+        x = x.reshape(-1, 1)
+        mu = self.layer2(torch.tanh(self.layer1(x))).squeeze()
+        sigma = pyro.sample("sigma", dist.Gamma(0.5, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(mu, sigma * sigma), obs=y)
+        return mu
+
+
+def test_reference_on_the_tutorial_model():
+    torch.set_default_dtype(torch.float32)
+    x, y = _tiny_data()
+    model = TutorialBNN()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReferenceConvergenceWarning)  # 15 draws: not the point
+        ref = reference_posterior(model, x, y, x[:4], y[:4], num_chains=2, num_warmup=10,
+                                  num_samples=15, max_tree_depth=4, processes=1)  # fmt: skip
+    post = compat.get_group(ref, "posterior")
+    assert post["layer1.weight"].shape == (2, 15, 3, 1) and post["sigma"].shape == (2, 15)
+    assert np.all(post["sigma"].values > 0)  # constrained values, as NUTS returns them
+    assert compat.get_group(ref, "predictions_log_likelihood")["obs"].shape == (2, 15, 4)
+    assert np.isfinite(rd.attrs(ref)["fn_rhat_max"])
