@@ -2,11 +2,13 @@
 
     python -m pyro_dropout.benchmarks.reference [--quick] [--problems gap1d,yacht,iris]
         [--data-dir ../shared/data/uci] [--json PATH] [--markdown PATH]
+        [--num-chains C] [--num-warmup W] [--num-samples S] [--max-tree-depth D] [--steps N]
 
 Three small problems, each one Bayesian MLP (one hidden layer, tanh) with its own priors:
 
-* ``gap1d``: 1-D regression ``y = sin(2x) + noise`` with no training inputs in (-0.5, 0.5)
-  ("in-between" uncertainty; Foong et al. 2019), test inputs on a grid over [-2.5, 2.5];
+* ``gap1d``: 1-D regression ``y = sin(2x) + noise`` (40 points) with no training inputs in
+  (-0.5, 0.5) ("in-between" uncertainty; Foong et al. 2019), test inputs on a grid over
+  [-2.5, 2.5];
 * ``yacht``: the UCI yacht-hydrodynamics regression set (split 0 of the published splits in
   ``shared/data/uci``, standardised, a subsample of the training rows), latent noise scale;
 * ``iris``: scikit-learn's ``load_iris`` (3 classes), standardised, a fixed train/test split.
@@ -58,6 +60,7 @@ PROBLEMS = ("gap1d", "yacht", "iris")
 SETTINGS = {
     "full": {
         "hidden": 10,
+        "gap_n": 40,
         "max_train": 200,
         "max_test": 100,
         "steps": 3000,
@@ -68,6 +71,7 @@ SETTINGS = {
     },
     "quick": {
         "hidden": 2,
+        "gap_n": 16,
         "max_train": 20,
         "max_test": 8,
         "steps": 10,
@@ -106,7 +110,7 @@ def guides():
 
 
 def _gap1d(cfg, rng):
-    n = max(cfg["max_train"], 8)
+    n = cfg["gap_n"]
     x = np.concatenate([rng.uniform(-2, -0.5, n // 2), rng.uniform(0.5, 2, n - n // 2)])
     y = np.sin(2 * x) + 0.1 * rng.normal(size=n)
     xt = np.linspace(-2.5, 2.5, cfg["max_test"])
@@ -276,6 +280,11 @@ def main(argv=None):
     parser.add_argument("--problems", default=",".join(PROBLEMS))
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/uci"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-chains", type=int, help="NUTS chains (override the mode's)")
+    parser.add_argument("--num-warmup", type=int, help="NUTS warm-up steps per chain")
+    parser.add_argument("--num-samples", type=int, help="NUTS draws kept per chain")
+    parser.add_argument("--max-tree-depth", type=int, help="NUTS maximum tree depth")
+    parser.add_argument("--steps", type=int, help="SVI steps per guide")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -283,8 +292,14 @@ def main(argv=None):
     unknown = [p for p in problems if p not in PROBLEMS]
     if unknown:
         parser.error(f"unknown problem {unknown[0]!r}; valid names are: {', '.join(PROBLEMS)}")
+    cfg = json.loads(json.dumps(SETTINGS["quick" if args.quick else "full"]))  # a copy
+    for key in ("num_chains", "num_warmup", "num_samples", "max_tree_depth"):
+        if getattr(args, key) is not None:
+            cfg["nuts"][key] = getattr(args, key)
+    if args.steps is not None:
+        cfg["steps"] = args.steps
     start = time.perf_counter()
-    results = run(problems, quick=args.quick, seed=args.seed, data_dir=args.data_dir)
+    results = [run_problem(p, cfg, seed=args.seed, data_dir=args.data_dir) for p in problems]
     table = markdown(results)
     print(table)
     meta = {
@@ -295,6 +310,7 @@ def main(argv=None):
         "pyro": pyro.__version__,
         "machine": platform.machine(),
         "quick": args.quick,
+        "settings": cfg,
         "total_wall_s": time.perf_counter() - start,
     }
     if args.json:

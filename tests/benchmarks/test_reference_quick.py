@@ -17,9 +17,13 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
         pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
     out, md = tmp_path / "reference.json", tmp_path / "reference.md"
     argv = ["--quick", "--data-dir", str(UCI_DIR), "--json", str(out), "--markdown", str(md)]
+    argv += ["--steps", "5", "--max-tree-depth", "3"]
     results = reference.main(argv)
     saved = json.loads(out.read_text())
     assert saved["meta"]["quick"] and saved["meta"]["total_wall_s"] > 0
+    settings = saved["meta"]["settings"]
+    assert settings["steps"] == 5 and settings["nuts"]["max_tree_depth"] == 3
+    assert settings["nuts"]["num_chains"] == reference.SETTINGS["quick"]["nuts"]["num_chains"]
     assert [r["problem"] for r in saved["results"]] == list(reference.PROBLEMS)
     expected = {"NUTS (reference)", *reference.guides(), "Deep ensemble (2 MAP)"}
     for res in results:
