@@ -354,6 +354,9 @@ def reference_posterior(
             "fn_ess_tail_min": float(conv["ess_tail"].min()),
             "fn_convergence_variable": f"{conv['group'].iloc[0]}.{conv['variable'].iloc[0]}",
         }
+        at = conv["rhat"].idxmax()
+        at = at if isinstance(at, tuple) else (at,)
+        worst = ", ".join(f"{n} {v}" for n, v in zip(conv.index.names, at, strict=True))
     else:
         fn = {"fn_rhat_max": float("nan"), "fn_ess_bulk_min": float("nan")}
         fn["fn_ess_tail_min"] = float("nan")
@@ -364,8 +367,9 @@ def reference_posterior(
             "one chain: R-hat is undefined, run num_chains >= 2"
             if num_chains < 2
             else f"the largest function-space R-hat is {fn['fn_rhat_max']:.3f} "
-            f"> {rhat_threshold} (at the {fn['fn_convergence_variable']} of some input): the "
-            "chains disagree about the predictions; run more warm-up and draws, or more chains"
+            f"> {rhat_threshold} ({fn['fn_convergence_variable']} at {worst}): the chains "
+            "disagree about the predictions; run more warm-up and draws, or more chains "
+            "(predictive_convergence(data) lists every point)"
         )
         warnings.warn(
             f"reference posterior not converged: {reason}",
