@@ -291,16 +291,24 @@ def _member_counts(num_samples: int, k: int) -> list[int]:
 
 
 def _check_distinct(parts: Sequence[Draws], members: Sequence[tuple[Any, Any]]) -> None:
-    """Refuse members whose first draws coincide: the same fit counted twice, which is what
+    """Refuse members that are one fit counted twice: equal first draws, or distinct guide
+    objects with one param-store name (``_pyro_name``). That is what
     Pyro's autoguides of one class give on one model (their parameters are named
     ``<ClassName>.<site>`` in the global param store, so every ``AutoDelta(model)`` reads and
     trains the same values)."""
     firsts = [np.concatenate([p.latents[k][0].ravel() for k in sorted(p.latents)]) for p in parts]
+    # PyroModule guides draw their parameters from the param store under their own name:
+    # equal names are shared parameters (also for stochastic guides, whose draws differ)
+    names = [getattr(g, "_pyro_name", None) for _, g in members]
     for i in range(len(parts)):
         for j in range(i):
-            if np.array_equal(firsts[i], firsts[j]):
+            shared = (
+                names[i] is not None and names[i] == names[j] and members[i][1] is not members[j][1]
+            )
+            if shared or np.array_equal(firsts[i], firsts[j]):
                 raise ValueError(
-                    f"ensemble members {j} and {i} give identical draws: they are the same fit. "
+                    f"ensemble members {j} and {i} are the same fit (identical draws, or guides "
+                    f"sharing the param-store name {names[i]!r}). "
                     "Pyro's autoguides of one class on one model share their parameters through "
                     "the param store (names '<ClassName>.<site>'); give each member its own "
                     "class name, e.g. guide = type(f'AutoDelta{k}', (AutoDelta,), {})(model), "
@@ -336,8 +344,8 @@ def ensemble_inference_data(
 
     Pyro's autoguides are named after their class in the param store, so two
     ``AutoDelta(model)`` share one set of parameters; give each member its own class name
-    (``type(f"AutoDelta{k}", (AutoDelta,), {})(model)``). Members whose first draws coincide
-    are refused with that advice.
+    (``type(f"AutoDelta{k}", (AutoDelta,), {})(model)``). Members whose first draws coincide,
+    or whose guides share a param-store name, are refused with that advice.
 
     Args:
         members: ``[(model, guide), ...]`` (at least two; every member's model must have the
