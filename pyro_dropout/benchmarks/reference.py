@@ -67,7 +67,10 @@ SETTINGS = {
         "lr": 1e-2,
         "draws": 1000,
         "members": 5,
-        "nuts": {"num_chains": 4, "num_warmup": 1000, "num_samples": 500, "max_tree_depth": 10},
+        # Budget: ~30 min of one core per problem. Probe on a loaded 2-core box (gap1d, 2
+        # chains x 100 iterations, depth <= 10): 313 s, i.e. ~3 s per iteration per chain;
+        # depth <= 8 caps an iteration at 255 gradients (~0.3 s at 1 ms per gradient).
+        "nuts": {"num_chains": 4, "num_warmup": 500, "num_samples": 500, "max_tree_depth": 8},
     },
     "quick": {
         "hidden": 2,
