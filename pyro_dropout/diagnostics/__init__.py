@@ -12,7 +12,15 @@ Example:
 
 from ._arviz_compat import ARVIZ_VERSION, IS_ARVIZ_1, LooResult, summary
 from .compare import compare, held_out_scores, loo
-from .export import from_netcdf, guide_info, to_inference_data, to_netcdf
+from .export import from_netcdf, guide_info, laplace_guide, to_inference_data, to_netcdf
+from .fidelity import (
+    agreement,
+    fidelity_scores,
+    reference_interval_coverage,
+    sd_ratio,
+    total_variation,
+    wasserstein_1d,
+)
 from .metrics import (
     accuracy,
     brier_score,
@@ -27,22 +35,35 @@ from .metrics import (
     rmse,
 )
 from .plots import plot_calibration, plot_compare, plot_khat, plot_predictive_bands
+from .reference import (
+    RHAT_THRESHOLD,
+    ReferenceConvergenceWarning,
+    predictive_convergence,
+    reference_posterior,
+)
+from .samples import ensemble_inference_data, samples_inference_data
 from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
 
 __all__ = [
     "ARVIZ_VERSION",
+    "RHAT_THRESHOLD",
+    "ReferenceConvergenceWarning",
     "IS_ARVIZ_1",
     "LooResult",
     "accuracy",
+    "agreement",
     "brier_score",
     "compare",
     "coverage_table",
+    "ensemble_inference_data",
     "expected_calibration_error",
+    "fidelity_scores",
     "from_netcdf",
     "guide_info",
     "held_out_scores",
     "interpret_vi_khat",
     "interval_coverage",
+    "laplace_guide",
     "log_mean_exp",
     "loo",
     "lppd",
@@ -52,11 +73,18 @@ __all__ = [
     "plot_compare",
     "plot_khat",
     "plot_predictive_bands",
+    "predictive_convergence",
+    "reference_posterior",
+    "reference_interval_coverage",
     "reliability_curve",
     "rmse",
+    "samples_inference_data",
+    "sd_ratio",
     "summary",
     "to_inference_data",
     "to_netcdf",
+    "total_variation",
     "vi_diagnostic",
     "vi_khat",
+    "wasserstein_1d",
 ]

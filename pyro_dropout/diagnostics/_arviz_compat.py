@@ -120,6 +120,16 @@ def root_attrs(obj: Any) -> dict[str, Any]:
     return dict(obj.attrs or {})
 
 
+def update_root_attrs(obj: Any, attrs: Mapping[str, Any]) -> None:
+    """Add ``attrs`` to the root attributes of an ArviZ object, in place."""
+    if IS_ARVIZ_1:
+        obj.attrs.update(dict(attrs))
+    else:
+        if obj.attrs is None:
+            obj.attrs = {}
+        obj.attrs.update(dict(attrs))
+
+
 def to_netcdf(obj: Any, path: Any) -> Any:
     """Write an ArviZ object to a netCDF4/HDF5 file with the ``h5netcdf`` engine."""
     if IS_ARVIZ_1:
@@ -161,7 +171,8 @@ class LooResult:
 def loo(obj: Any, var_name: str | None = None) -> LooResult:
     """``az.loo(obj, pointwise=True, reff=1)`` on either line, normalised to :class:`LooResult`.
 
-    ``reff = 1`` because the draws are independent guide draws (one chain). ArviZ's
+    ``reff = 1`` for one chain (independent guide draws); with several chains (MCMC) ArviZ
+    estimates the relative effective sample size itself (``reff=None``). ArviZ's
     "Pareto k greater than ..." warning is not re-emitted: it is recorded in ``warning`` and in
     the per-point ``pareto_k``, which :func:`pyro_dropout.diagnostics.compare` tabulates.
     """
@@ -176,10 +187,19 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
             f"num_samples >= {MIN_LOO_DRAWS} (a few hundred for stable estimates)"
         )
     kwargs = _v1_constant_point_weights(obj, var_name) if IS_ARVIZ_1 else {}
+    reff = 1.0 if ll.sizes.get("chain", 1) == 1 else None
     with warnings.catch_warnings():
         # Recorded in LooResult.warning / pareto_k instead (see docstring).
         warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
-        res = az.loo(obj, pointwise=True, var_name=var_name, reff=1.0, **kwargs)
+        try:
+            res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
+        except ValueError as e:
+            if not (IS_ARVIZ_1 and "All tail values are the same" in str(e)):
+                raise
+            # A few distinct draws (an ensemble of point masses): some varying points have a
+            # flat tail, which arviz-stats 1.x refuses; treat them as constant points are.
+            kwargs = _v1_constant_point_weights(obj, var_name, per_point=True)
+            res = az.loo(obj, pointwise=True, var_name=var_name, reff=reff, **kwargs)
     if IS_ARVIZ_1:
         elpd, p = float(res.elpd), float(res.p)
     else:
@@ -198,7 +218,9 @@ def loo(obj: Any, var_name: str | None = None) -> LooResult:
     )
 
 
-def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]:
+def _v1_constant_point_weights(
+    obj: Any, var_name: str | None, per_point: bool = False
+) -> dict[str, Any]:
     """PSIS weights for ``az.loo`` on 1.x when some pointwise log-likelihood is constant.
 
     When an observation's log-likelihood is the same for every draw (always so for a point-mass
@@ -207,6 +229,11 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     uniform weights (any weighting gives the same elpd_i) and k-hat = inf, and ArviZ's own
     ``psislw`` smooths the others; both are handed to ``az.loo`` (``log_weights``,
     ``pareto_k``). Returns ``{}`` when every point varies (the ordinary path).
+
+    With ``per_point`` each varying point is smoothed on its own, and a point whose Pareto
+    tail is flat (few distinct draws, e.g. an ensemble of a few point masses; arviz-stats
+    raises "All tail values are the same") gets its raw, self-normalised importance weights
+    ``1 / p(y_i | theta_s)`` and k-hat = inf, flagged like a constant point.
     """
     ll = get_group(obj, "log_likelihood")
     if var_name is None:
@@ -214,7 +241,7 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     ll = ll[var_name]
     sample_dims = ["chain", "draw"]
     spread = (ll.max(sample_dims) - ll.min(sample_dims)).values
-    if np.all(spread > 0):
+    if np.all(spread > 0) and not per_point:
         return {}
     obs_dims = [d for d in ll.dims if d not in sample_dims]
     if len(obs_dims) != 1:
@@ -224,14 +251,33 @@ def _v1_constant_point_weights(obj: Any, var_name: str | None) -> dict[str, Any]
     lw = np.full(ll.shape, -np.log(n_draws))
     khat = np.full(spread.shape, np.inf)
     idx = np.flatnonzero(spread > 0)
-    if idx.size:
+    if idx.size and not per_point:
         lw_sub, k_sub = ll.isel({obs_dims[0]: idx}).azstats.psislw(r_eff=1.0, dim=sample_dims)
         lw[(slice(None),) * axis + (idx,)] = lw_sub.transpose(*ll.dims).values
         khat[idx] = k_sub.values
+    for i in idx if per_point else ():
+        point = ll.isel({obs_dims[0]: [i]})
+        sel = (slice(None),) * axis + ([i],)
+        try:
+            lw_i, k_i = point.azstats.psislw(r_eff=1.0, dim=sample_dims)
+            lw[sel], khat[i] = lw_i.transpose(*ll.dims).values, float(k_i.values[0])
+        except ValueError:  # flat tail: raw importance weights, flagged
+            raw = -point.transpose(*ll.dims).values
+            lw[sel] = raw - np.logaddexp.reduce(raw.ravel())
     return {
         "log_weights": ll.copy(data=lw),
         "pareto_k": ll.isel(chain=0, draw=0, drop=True).copy(data=khat),
     }
+
+
+def rhat_ess(values: xr.DataArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ArviZ's rank-normalised split R-hat, bulk ESS and tail ESS (Vehtari et al. 2021) of a
+    ``(chain, draw, ...)`` array, one value per remaining element (same call on both lines)."""
+    ds = xr.Dataset({"v": values})
+    rhat = az.rhat(ds)["v"].values
+    bulk = az.ess(ds, method="bulk")["v"].values
+    tail = az.ess(ds, method="tail")["v"].values
+    return np.asarray(rhat), np.asarray(bulk), np.asarray(tail)
 
 
 #: Columns of :func:`compare_loo`'s table, in order.

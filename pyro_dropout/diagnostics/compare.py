@@ -12,6 +12,8 @@ from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
 from .export import to_inference_data
+from .fidelity import fidelity_scores
+from .samples import ensemble_inference_data
 from .vi_diagnostic import vi_diagnostic
 
 __all__ = ["compare", "held_out_scores", "loo"]
@@ -73,6 +75,24 @@ def held_out_scores(
     return out
 
 
+def _is_samples(obj: Any) -> bool:
+    """A ``pyro.infer.MCMC`` object or a dict of posterior draws."""
+    return hasattr(obj, "get_samples") or isinstance(obj, Mapping)
+
+
+def _is_pair(fit: Any) -> bool:
+    return (
+        isinstance(fit, tuple)
+        and len(fit) == 2
+        and callable(fit[0])
+        and (callable(fit[1]) or _is_samples(fit[1]))
+    )
+
+
+def _is_ensemble(fit: Any) -> bool:
+    return isinstance(fit, list) and len(fit) >= 2 and all(_is_pair(m) for m in fit)
+
+
 def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
     if not isinstance(fits, Mapping) or len(fits) == 0:
         raise ValueError("fits must be a non-empty dict {name: ArviZ object or (model, guide)}")
@@ -80,12 +100,13 @@ def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
     for name, fit in fits.items():
         if compat.is_arviz_object(fit):
             kinds[name] = "arviz"
-        elif isinstance(fit, tuple) and len(fit) == 2 and all(callable(f) for f in fit):
+        elif _is_pair(fit) or _is_ensemble(fit):
             kinds[name] = "pair"
         else:
             raise ValueError(
                 f"fits[{name!r}] is a {type(fit).__name__}; expected an ArviZ object from "
-                "to_inference_data or a (model, guide) tuple"
+                "to_inference_data, a (model, guide) tuple, a (model, MCMC or samples dict) "
+                "tuple or a list of (model, guide) tuples (an ensemble)"
             )
     if len(set(kinds.values())) > 1:
         raise ValueError(
@@ -96,7 +117,13 @@ def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
         return dict(fits)
     if kwargs["x"] is None or kwargs["y"] is None:
         raise ValueError("(model, guide) pairs need the training data: pass x= and y=")
-    return {name: to_inference_data(m, g, **kwargs) for name, (m, g) in fits.items()}
+    out = {}
+    for name, fit in fits.items():
+        if isinstance(fit, list):
+            out[name] = ensemble_inference_data(fit, **kwargs)
+        else:
+            out[name] = to_inference_data(*fit, **kwargs)
+    return out
 
 
 def compare(
@@ -113,12 +140,21 @@ def compare(
     intervals: Sequence[float] = (0.5, 0.9, 0.95),
     n_bins: int = 10,
     sort_by: str = "elpd_loo",
+    reference: Any = None,
+    reference_intervals: Sequence[float] = (0.5, 0.9),
 ) -> pd.DataFrame:
     """Compare variational fits in one table, one row per fit.
 
-    ``fits`` maps names to either ArviZ objects from :func:`to_inference_data` or
-    ``(model, guide)`` pairs, which are exported first with ``x, y, x_test, y_test,
-    num_samples, obs_name, parallel`` (not both kinds at once).
+    ``fits`` maps names to either ArviZ objects (from :func:`to_inference_data`,
+    :func:`~pyro_dropout.diagnostics.reference_posterior`,
+    :func:`~pyro_dropout.diagnostics.samples_inference_data`,
+    :func:`~pyro_dropout.diagnostics.ensemble_inference_data`) or to fits to export first
+    with ``x, y, x_test, y_test, num_samples, obs_name, parallel`` (not both kinds at once):
+    ``(model, guide)`` pairs (any Pyro guide: this library's, ``AutoNormal``,
+    ``AutoLowRankMultivariateNormal``, ``AutoDelta`` (MAP), ``AutoLaplaceApproximation``),
+    ``(model, mcmc)`` pairs (a ``pyro.infer.MCMC`` after ``run``, or a dict of its draws: all
+    draws are used) and lists of ``(model, guide)`` pairs (an ensemble, e.g. a deep ensemble
+    of MAP fits; ``num_samples`` draws split across the members).
 
     Columns:
 
@@ -133,7 +169,16 @@ def compare(
     * with test targets: ``test_lpd`` (mean log predictive density per test point), and
       ``test_rmse, test_cov50, test_cov90, test_cov95`` (regression) or
       ``test_accuracy, test_ece, test_brier`` (classification); see :func:`held_out_scores`.
+    * with ``reference`` (an export of a reference posterior on the same test inputs, e.g.
+      :func:`~pyro_dropout.diagnostics.reference_posterior`): the fidelity scores of
+      :func:`~pyro_dropout.diagnostics.fidelity.fidelity_scores`, ``ref_w1, ref_sd_ratio,
+      ref_cov50, ref_cov90`` (regression; one coverage per ``reference_intervals``) or
+      ``ref_agreement, ref_tv`` (classification). Izmailov et al. (2021); Wilson et al.
+      (2022), the NeurIPS 2021 approximate-inference competition.
     * ``family, num_samples``: from the export's attributes.
+
+    Fits without a density ``q`` (MCMC, ensembles) get ``vi_khat`` NaN and a
+    ``vi_diagnosis`` that says why.
 
     Caveats: PSIS-LOO treats the guide draws as if they were posterior draws. For a point-mass
     guide (``AutoDelta``, MAP) every draw is the same, LOO collapses to the training
@@ -142,6 +187,8 @@ def compare(
 
     Args:
         sort_by: ``"elpd_loo"`` (ArviZ's rank) or ``"test_lpd"`` (best held-out density first).
+        reference: an ArviZ export of the reference posterior, or None (no fidelity columns).
+        reference_intervals: central intervals of the reference for ``ref_cov*``.
 
     Raises:
         ValueError: empty or mixed ``fits``, pairs without ``x``/``y``, unknown ``sort_by``.
@@ -151,6 +198,11 @@ def compare(
         ...  # doctest: +SKIP
         >>> table[["elpd_loo", "test_lpd", "vi_khat", "vi_diagnosis"]]  # doctest: +SKIP
     """
+    if reference is not None and not compat.is_arviz_object(reference):
+        raise ValueError(
+            f"reference must be an ArviZ object (e.g. from reference_posterior); got "
+            f"{type(reference).__name__}"
+        )
     if sort_by not in ("elpd_loo", "test_lpd"):
         raise ValueError(f"sort_by must be 'elpd_loo' or 'test_lpd'; got {sort_by!r}")
     fits = _as_fits(
@@ -177,6 +229,7 @@ def compare(
             "vi_khat": vi["khat"],
             "vi_diagnosis": vi["diagnosis"],
             **held_out_scores(d, intervals, n_bins),
+            **(fidelity_scores(d, reference, reference_intervals) if reference is not None else {}),
             "family": rd.family(d),
             "num_samples": lr.n_samples,
         }
@@ -184,6 +237,12 @@ def compare(
     table = table.join(extra)
     test_cols = ["test_lpd", "test_rmse", *map(_coverage_column, intervals)]
     test_cols += ["test_accuracy", "test_ece", "test_brier"]
+    test_cols += [
+        "ref_w1",
+        "ref_sd_ratio",
+        *(f"ref_cov{round(100 * p):d}" for p in reference_intervals),
+    ]
+    test_cols += ["ref_agreement", "ref_tv"]
     head = [c for c in table.columns if c not in test_cols + ["family", "num_samples"]]
     table = table[head + [c for c in test_cols if c in table] + ["family", "num_samples"]]
     if sort_by == "test_lpd":

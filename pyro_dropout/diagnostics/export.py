@@ -39,12 +39,16 @@ from typing import Any
 
 import numpy as np
 import pyro
+import torch
 import xarray as xr
+from pyro.infer.autoguide import AutoLaplaceApproximation
 
+from ..handlers import weight_draws
+from ..infer.data import as_model_input
 from . import _arviz_compat as compat
 from .sampling import Draws, PredictiveDraws, draw_posterior
 
-__all__ = ["from_netcdf", "guide_info", "to_inference_data", "to_netcdf"]
+__all__ = ["from_netcdf", "guide_info", "laplace_guide", "to_inference_data", "to_netcdf"]
 
 
 def guide_info(guide: Any) -> tuple[str, dict]:
@@ -216,7 +220,12 @@ def to_inference_data(
     Args:
         model: any Pyro model ``model(x, y=None)`` observing ``y`` inside a data plate (a
             subsampled plate is visited in full: every row gets its log-likelihood).
-        guide: any Pyro guide callable as ``guide(x, y)``.
+        guide: any Pyro guide callable as ``guide(x, y)``; a fitted
+            ``AutoLaplaceApproximation`` is replaced by its Gaussian (:func:`laplace_guide`,
+            family still recorded as ``AutoLaplaceApproximation``). Also a
+            ``pyro.infer.MCMC`` object after ``run`` or a dict of posterior draws: then every
+            draw is exported, chains kept, ``num_samples`` ignored
+            (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
         x: training inputs (torch tensor or numpy array; rows = observations).
         y: training targets, one row per row of ``x``.
         num_samples: number of guide draws ``S`` (>= 1; PSIS wants a few hundred).
@@ -242,8 +251,15 @@ def to_inference_data(
         ...                           x_test=x_te, y_test=y_te)  # doctest: +SKIP
         >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
     """
+    if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
+        return _samples_export(
+            model, guide, x, y, x_test, y_test, var_names, dims, coords, obs_name, parallel, seed
+        )
     if seed is not None:
         pyro.set_rng_seed(seed)
+    family, config = guide_info(guide)
+    if isinstance(guide, AutoLaplaceApproximation):
+        guide = laplace_guide(model, guide, x, y)
     draws = draw_posterior(
         model,
         guide,
@@ -257,7 +273,6 @@ def to_inference_data(
         parallel=parallel,
     )
     obs_name = draws.obs_name
-    family, config = guide_info(guide)
     from .. import __version__ as pkg_version
 
     attrs = {
@@ -278,6 +293,48 @@ def to_inference_data(
     }
     groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
     return compat.build(groups, attrs)
+
+
+def laplace_guide(model: Any, guide: Any, x: Any, y: Any) -> Any:
+    """The Gaussian of a fitted ``AutoLaplaceApproximation``: Pyro's
+    ``guide.laplace_approximation(x, y)`` (an ``AutoMultivariateNormal`` centred at the MAP
+    with covariance the inverse Hessian of ``-log p(theta, D)`` there), computed with weight
+    draws on the training data ``x, y``.
+
+    A fitted ``AutoLaplaceApproximation`` itself draws only its MAP point; export and compare
+    call this so that a Laplace fit is scored as the Gaussian it stands for.
+
+    Raises:
+        ValueError: the Hessian is not positive definite (no local MAP reached).
+    """
+    xm, ym = as_model_input(x, model, "x"), as_model_input(y, model, "y")
+    try:
+        with weight_draws():
+            return guide.laplace_approximation(xm, ym)
+    except torch.linalg.LinAlgError as e:
+        raise ValueError(
+            "AutoLaplaceApproximation: the Hessian of -log p(theta, D) at the fitted point is "
+            "not positive definite, so there is no Gaussian to draw from: the fit has not "
+            "reached a local maximum of the posterior (fit longer, or with a smaller "
+            f"learning rate), or the posterior is flat in some direction ({e})"
+        ) from e
+
+
+def _samples_export(model, samples, x, y, x_test, y_test, var_names, dims, coords, obs, par, seed):
+    from .samples import samples_inference_data  # it imports this module
+
+    unsupported = {"var_names": var_names, "dims": dims, "coords": coords}
+    given = [k for k, v in unsupported.items() if v is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} cannot be set for MCMC draws (every sampled site is recorded "
+            "with the default dims); leave them out"
+        )
+    kernel = getattr(samples, "kernel", None)
+    family = type(kernel).__name__ if kernel is not None else "MCMC"
+    return samples_inference_data(
+        model, samples, x, y, x_test, y_test, obs_name=obs, parallel=par, family=family, seed=seed
+    )
 
 
 def to_netcdf(data: Any, path: Any) -> Any:

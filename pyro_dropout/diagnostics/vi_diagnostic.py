@@ -136,6 +136,10 @@ def vi_diagnostic(data: Any) -> dict[str, Any]:
     Reads ``sample_stats.lp`` (log p(theta, D)) and ``sample_stats.lq`` (log q(theta)) and the
     posterior draws (to detect a point-mass guide).
 
+    **No density q.** Exports of MCMC draws and of ensembles
+    (:mod:`pyro_dropout.diagnostics.samples`) carry the attribute ``q_density = "none: ..."``;
+    the k-hat is then NaN and the diagnosis gives that reason.
+
     **Improper priors.** When the export records latent sites with an improper prior (e.g.
     :class:`~pyro_dropout.ImproperLogUniform`, attribute ``improper_prior_sites``), ``lp``
     uses an unnormalised log density that is not integrable: ``p(theta, D) / q(theta)`` is
@@ -158,6 +162,15 @@ def vi_diagnostic(data: Any) -> dict[str, Any]:
             )
     log_p = np.asarray(stats["lp"].values).ravel()
     log_q = np.asarray(stats["lq"].values).ravel()
+    no_q = str(_reader.attrs(data).get("q_density", ""))
+    if no_q.startswith("none"):
+        # MCMC draws, ensembles: no q(theta) to form p/q with (samples_inference_data)
+        return {
+            "khat": float("nan"),
+            "diagnosis": f"undefined: {no_q.removeprefix('none: ')}",
+            "point_mass": False,
+            "num_draws": int(log_p.size),
+        }
     # identical recorded draws and a constant log q: a point mass (AutoDelta, MAP), not merely
     # a selection of var_names that happens to be constant
     point_mass = (

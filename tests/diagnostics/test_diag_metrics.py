@@ -103,7 +103,7 @@ def test_bin_edges_are_right_closed():
     assert count[5] == 1 and count[6] == 1  # 0.6 falls in (0.5, 0.6], 0.7 in (0.6, 0.7]
 
 
-@pytest.mark.parametrize("module", ["metrics", "vi_diagnostic", "export"])
+@pytest.mark.parametrize("module", ["metrics", "vi_diagnostic", "export", "fidelity"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -1,0 +1,327 @@
+"""Which guide is closest to the posterior? Every guide against a NUTS reference, per problem.
+
+    python -m pyro_dropout.benchmarks.reference [--quick] [--problems gap1d,yacht,iris]
+        [--data-dir ../shared/data/uci] [--json PATH] [--markdown PATH]
+        [--num-chains C] [--num-warmup W] [--num-samples S] [--max-tree-depth D] [--steps N]
+
+Three small problems, each one Bayesian MLP (one hidden layer, tanh) with its own priors:
+
+* ``gap1d``: 1-D regression ``y = sin(2x) + noise`` (40 points) with no training inputs in
+  (-0.5, 0.5) ("in-between" uncertainty; Foong et al. 2019), test inputs on a grid over
+  [-2.5, 2.5];
+* ``yacht``: the UCI yacht-hydrodynamics regression set (split 0 of the published splits in
+  ``shared/data/uci``, standardised, a subsample of the training rows), latent noise scale;
+* ``iris``: scikit-learn's ``load_iris`` (3 classes), standardised, a fixed train/test split.
+
+On each: the NUTS reference (:func:`~pyro_dropout.diagnostics.reference_posterior`, several
+chains, function-space R-hat recorded), this library's guides (``AutoDropout``,
+``AutoMeanField``, ``AutoVariationalDropout``, fitted with local reparameterisation), Pyro's
+``AutoNormal``, ``AutoLowRankMultivariateNormal``, ``AutoDelta`` (MAP),
+``AutoLaplaceApproximation`` and a deep ensemble of MAP fits, all in one
+:func:`~pyro_dropout.diagnostics.compare` table with the fidelity scores of
+:mod:`~pyro_dropout.diagnostics.fidelity` and the wall time of each fit. ``--quick`` is a
+seconds-long smoke run (tiny networks, a handful of steps and draws; its numbers mean
+nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyro
+import torch
+from pyro.infer.autoguide import (
+    AutoDelta,
+    AutoLaplaceApproximation,
+    AutoLowRankMultivariateNormal,
+    AutoNormal,
+)
+
+from .. import AutoDropout, AutoMeanField, AutoVariationalDropout, BayesianMLP, fit
+from ..diagnostics import (
+    ReferenceConvergenceWarning,
+    compare,
+    ensemble_inference_data,
+    reference_posterior,
+    to_inference_data,
+)
+from ..diagnostics import _reader as rd
+
+PROBLEMS = ("gap1d", "yacht", "iris")
+#: Settings per mode: network width, training rows, SVI steps, draws per fit, NUTS run.
+SETTINGS = {
+    "full": {
+        "hidden": 10,
+        "gap_n": 40,
+        "max_train": 200,
+        "max_test": 100,
+        "steps": 3000,
+        "lr": 1e-2,
+        "draws": 1000,
+        "members": 5,
+        # Budget: ~30 min of one core per problem. Probe on a loaded 2-core box (gap1d, 2
+        # chains x 100 iterations, depth <= 10): 313 s, i.e. ~3 s per iteration per chain;
+        # depth <= 8 caps an iteration at 255 gradients (~0.3 s at 1 ms per gradient).
+        "nuts": {"num_chains": 4, "num_warmup": 500, "num_samples": 500, "max_tree_depth": 8},
+    },
+    "quick": {
+        "hidden": 2,
+        "gap_n": 16,
+        "max_train": 20,
+        "max_test": 8,
+        "steps": 10,
+        "lr": 1e-2,
+        "draws": 30,
+        "members": 2,
+        "nuts": {
+            "num_chains": 2,
+            "num_warmup": 5,
+            "num_samples": 15,
+            "max_tree_depth": 2,
+            "jit_compile": False,
+            "processes": 1,  # spawning workers costs seconds
+        },
+    },
+}
+
+
+def _renamed(cls, k):
+    """``cls`` under its own name: Pyro's autoguides name their parameters after the class,
+    so ensemble members need distinct classes (see ensemble_inference_data)."""
+    return type(f"{cls.__name__}{k}", (cls,), {})
+
+
+def guides():
+    """``{name: (factory, fit with local reparameterisation)}``."""
+    return {
+        "AutoDropout": (lambda m: AutoDropout(m, dropout_rate=0.1), True),
+        "AutoMeanField": (lambda m: AutoMeanField(m), True),
+        "AutoVariationalDropout": (lambda m: AutoVariationalDropout(m), True),
+        "AutoNormal": (lambda m: AutoNormal(m, init_scale=0.05), False),
+        "AutoLowRankMVN": (lambda m: AutoLowRankMultivariateNormal(m, rank=2), False),
+        "AutoDelta (MAP)": (lambda m: AutoDelta(m), False),
+        "AutoLaplace": (lambda m: AutoLaplaceApproximation(m), False),
+    }
+
+
+def _gap1d(cfg, rng):
+    n = cfg["gap_n"]
+    x = np.concatenate([rng.uniform(-2, -0.5, n // 2), rng.uniform(0.5, 2, n - n // 2)])
+    y = np.sin(2 * x) + 0.1 * rng.normal(size=n)
+    xt = np.linspace(-2.5, 2.5, cfg["max_test"])
+    yt = np.sin(2 * xt) + 0.1 * rng.normal(size=xt.size)
+    model = BayesianMLP(1, 1, hidden=(cfg["hidden"],), activation="tanh", tau=100.0)
+    return model, x[:, None], y, xt[:, None], yt
+
+
+def _yacht(cfg, rng, data_dir):
+    from ..datasets import load_uci
+
+    split = load_uci("yacht", data_dir).split_arrays(0)
+    tr = rng.permutation(split.n_train)[: cfg["max_train"]]
+    te = rng.permutation(split.n_test)[: cfg["max_test"]]
+    x, y = split.x_train[tr].numpy(), split.y_train[tr].numpy()
+    xt, yt = split.x_test[te].numpy(), split.y_test[te].numpy()
+    model = BayesianMLP(x.shape[1], 1, hidden=(cfg["hidden"],), activation="tanh", tau=None)
+    return model, x, y, xt, yt
+
+
+def _iris(cfg, rng):
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    idx = rng.permutation(len(data.target))
+    n_test = min(cfg["max_test"], 50)
+    te, tr = idx[:n_test], idx[n_test:][: cfg["max_train"]]
+    mean, sd = data.data[tr].mean(0), data.data[tr].std(0)
+    x, xt = (data.data[tr] - mean) / sd, (data.data[te] - mean) / sd
+    model = BayesianMLP(
+        4, 3, hidden=(cfg["hidden"],), activation="tanh", likelihood="classification"
+    )
+    return model, x, data.target[tr], xt, data.target[te]
+
+
+def load_problem(name, cfg, seed, data_dir):
+    rng = np.random.default_rng(seed)
+    if name == "gap1d":
+        model, x, y, xt, yt = _gap1d(cfg, rng)
+    elif name == "yacht":
+        model, x, y, xt, yt = _yacht(cfg, rng, data_dir)
+    elif name == "iris":
+        model, x, y, xt, yt = _iris(cfg, rng)
+    else:
+        raise ValueError(f"unknown problem {name!r}; valid names are: {', '.join(PROBLEMS)}")
+    as_x = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
+    as_y = as_x if name != "iris" else (lambda a: torch.as_tensor(a, dtype=torch.long))
+    return model, as_x(x), as_y(y), as_x(xt), as_y(yt)
+
+
+def run_problem(name, cfg, seed=0, data_dir=None):
+    """One problem: NUTS reference, every guide, the compare table (rows as dicts)."""
+    model, x, y, xt, yt = load_problem(name, cfg, seed, data_dir)
+    pyro.clear_param_store()
+    fits, wall = {}, {}
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReferenceConvergenceWarning)
+        ref = reference_posterior(model, x, y, xt, yt, **cfg["nuts"], seed=seed)
+    wall["NUTS (reference)"] = time.perf_counter() - start
+    fits["NUTS (reference)"] = ref
+    ref_warnings = [str(w.message) for w in caught]
+
+    failed = {}
+    for gname, (make, lrt) in guides().items():
+        start = time.perf_counter()
+        guide = make(model)
+        fit(model, guide, x, y, num_steps=cfg["steps"], lr=cfg["lr"], progress=False,
+            seed=seed, local_reparameterization=lrt)  # fmt: skip
+        try:
+            fits[gname] = to_inference_data(model, guide, x, y, cfg["draws"], xt, yt, seed=seed)
+        except ValueError as e:  # e.g. a Laplace approximation without a positive Hessian
+            failed[gname] = str(e)
+            continue
+        wall[gname] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    members = []
+    for k in range(cfg["members"]):
+        guide = _renamed(AutoDelta, k)(model)
+        fit(model, guide, x, y, num_steps=cfg["steps"], lr=cfg["lr"], progress=False,
+            seed=seed + 1 + k, local_reparameterization=False)  # fmt: skip
+        members.append((model, guide))
+    ens = f"Deep ensemble ({cfg['members']} MAP)"
+    fits[ens] = ensemble_inference_data(members, x, y, cfg["draws"], xt, yt, seed=seed)
+    wall[ens] = time.perf_counter() - start
+
+    table = compare(fits, reference=ref)
+    table["wall_s"] = [wall[n] for n in table.index]
+    attrs = rd.attrs(ref)
+    reference = {
+        k: attrs[k]
+        for k in ("fn_rhat_max", "fn_ess_bulk_min", "fn_ess_tail_min", "num_divergent", "wall_s")
+    }
+    reference["warnings"] = ref_warnings
+    rows = []
+    for fname, row in table.iterrows():
+        rows.append({"fit": fname, **{k: _plain(v) for k, v in row.items()}})
+    return {
+        "problem": name,
+        "task": rd.task(ref),
+        "n_train": int(x.shape[0]),
+        "n_test": int(xt.shape[0]),
+        "reference": reference,
+        "rows": rows,
+        "failed": failed,
+    }
+
+
+def _plain(v):
+    if isinstance(v, (np.floating, float)):
+        return float(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+def _fmt(v, digits=3):
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.{digits}g}"
+    return str(v)
+
+
+def markdown(results):
+    out = []
+    for res in results:
+        ref = res["reference"]
+        out.append(
+            f"### {res['problem']} ({res['task']}, {res['n_train']} train / {res['n_test']} test)"
+        )
+        out.append("")
+        out.append(
+            f"NUTS: function-space R-hat max {_fmt(ref['fn_rhat_max'])}, bulk ESS min "
+            f"{_fmt(ref['fn_ess_bulk_min'])}, {ref['num_divergent']} divergent transitions, "
+            f"{ref['wall_s']:.1f} s."
+        )
+        out.append("")
+        if res["task"] == "classification":
+            cols = ["test_lpd", "test_accuracy", "ref_agreement", "ref_tv"]
+        else:
+            cols = ["test_lpd", "test_rmse", "ref_w1", "ref_sd_ratio", "ref_cov50", "ref_cov90"]
+        cols = ["elpd_loo", *cols, "vi_khat", "wall_s"]
+        out.append("| fit | " + " | ".join(cols) + " |")
+        out.append("| --- |" + " --- |" * len(cols))
+        for row in res["rows"]:
+            out.append(f"| {row['fit']} | " + " | ".join(_fmt(row.get(c)) for c in cols) + " |")
+        out.append("")
+        for fname, reason in res["failed"].items():
+            out.append(f"- {fname}: not in the table: {reason}")
+        for w in ref["warnings"]:
+            out.append(f"- NUTS warning: {w}")
+        if res["failed"] or ref["warnings"]:
+            out.append("")
+    return "\n".join(out)
+
+
+def run(problems=PROBLEMS, quick=False, seed=0, data_dir=None):
+    cfg = SETTINGS["quick" if quick else "full"]
+    return [run_problem(p, cfg, seed=seed, data_dir=data_dir) for p in problems]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
+    parser.add_argument("--problems", default=",".join(PROBLEMS))
+    parser.add_argument("--data-dir", type=Path, default=Path("../shared/data/uci"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-chains", type=int, help="NUTS chains (override the mode's)")
+    parser.add_argument("--num-warmup", type=int, help="NUTS warm-up steps per chain")
+    parser.add_argument("--num-samples", type=int, help="NUTS draws kept per chain")
+    parser.add_argument("--max-tree-depth", type=int, help="NUTS maximum tree depth")
+    parser.add_argument("--steps", type=int, help="SVI steps per guide")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    problems = [p for p in args.problems.split(",") if p]
+    unknown = [p for p in problems if p not in PROBLEMS]
+    if unknown:
+        parser.error(f"unknown problem {unknown[0]!r}; valid names are: {', '.join(PROBLEMS)}")
+    cfg = json.loads(json.dumps(SETTINGS["quick" if args.quick else "full"]))  # a copy
+    for key in ("num_chains", "num_warmup", "num_samples", "max_tree_depth"):
+        if getattr(args, key) is not None:
+            cfg["nuts"][key] = getattr(args, key)
+    if args.steps is not None:
+        cfg["steps"] = args.steps
+    start = time.perf_counter()
+    results = [run_problem(p, cfg, seed=args.seed, data_dir=args.data_dir) for p in problems]
+    table = markdown(results)
+    print(table)
+    meta = {
+        "command": "python -m pyro_dropout.benchmarks.reference "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "machine": platform.machine(),
+        "quick": args.quick,
+        "settings": cfg,
+        "total_wall_s": time.perf_counter() - start,
+    }
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
