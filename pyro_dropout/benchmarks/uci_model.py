@@ -288,7 +288,7 @@ def build(guide, d_in, n_hidden, members: Members):
         raise ValueError(f"unknown guide {guide!r}; valid names are: {', '.join(GUIDES)}")
 
     def eval_tau():
-        sd = model.noise_sd().detach().double().reshape(-1)
+        sd = model.noise_sd().detach().double().reshape(-1).to(y_var.device)
         return 1.0 / (sd**2 * y_var)
 
     return model, g, eval_tau

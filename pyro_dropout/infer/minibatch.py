@@ -97,10 +97,21 @@ def probe_model(model, args, kwargs):
     """Run ``model`` once, hidden from enclosing handlers, with latent sites at
     :func:`~pyro_dropout.guides.init_to_fan_in` (real sites are not sampled: an improper
     prior is fine)."""
-    from ..guides.init import init_to_fan_in
+    from ..guides.init import dist_dtype, init_to_fan_in
+
+    # init_to_fan_in builds CPU tensors; the model's own layers (e.g. after model.to("cuda"))
+    # expect them where the data are, in the site's dtype (as the guides place theirs).
+    tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+    device = tensors[0].device if tensors else None
+
+    def init(site):
+        value = init_to_fan_in(site)
+        if torch.is_tensor(value) and value.is_floating_point():
+            value = value.to(device=device, dtype=dist_dtype(site["fn"]))
+        return value
 
     with poutine.block(), torch.no_grad():
-        tr = poutine.trace(InitMessenger(init_to_fan_in)(model)).get_trace(*args, **kwargs)
+        tr = poutine.trace(InitMessenger(init)(model)).get_trace(*args, **kwargs)
     return tr
 
 
