@@ -10,6 +10,7 @@
 """
 
 import copy
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -21,6 +22,7 @@ from pyro.distributions import constraints
 
 from pyro_dropout import local_reparameterization
 from pyro_dropout.handlers import LocalReparameterizationMessenger
+from pyro_dropout.handlers.guided_value import plain
 
 N = 64  # identical input rows
 
@@ -105,6 +107,25 @@ def test_a_plain_bias_on_a_convolution_is_added_per_channel(estimator):
 
 
 def test_messenger_defaults_to_auto_and_weights_is_refused():
-    assert LocalReparameterizationMessenger().estimator == "auto"
+    messenger = LocalReparameterizationMessenger()
+    assert messenger.estimator == "auto" and messenger.strict is False
     with pytest.raises(ValueError, match="weight_draws"):
         local_reparameterization(estimator="weights")
+
+
+def test_values_that_outlive_the_context_are_plain_weights():
+    """After ``local_reparameterization()`` exits, a guided value it drew is the weight itself:
+    ``F.linear`` gives torch's result on it, with no noise and no warning."""
+
+    def guide(x):
+        return pyro.sample("w", dist.Normal(torch.zeros(2, 3), 0.5).to_event(2))
+
+    x = torch.ones(N, 3)
+    with local_reparameterization(), torch.no_grad():
+        w = poutine.trace(guide).get_trace(x).nodes["w"]["value"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = F.linear(x, w)
+        torch.testing.assert_close(out, x @ plain(w).T)
+        assert float((2.0 * w).sum()) == pytest.approx(2.0 * float(plain(w).sum()))
+    assert out.std(0).max() == 0
