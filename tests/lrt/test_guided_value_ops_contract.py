@@ -364,3 +364,12 @@ def test_reported_operations_are_named_by_qualname_name_or_repr():
     # torch's tensor attributes (``w.mH``, ``w.H``) are reported as such
     mh = _reported_name(lambda w: X @ w.mH, expected=lambda v: X @ v.T)
     assert mh == "a tensor attribute"
+
+
+def test_metadata_queries_with_keyword_arguments():
+    """``w.size(dim=...)``, ``w.stride(dim=...)`` on a guided value answer like torch's (they
+    bypass the rules, keywords included)."""
+    with local_reparameterization():
+        w = _sample("w", torch.zeros(4, 3), 1.0)
+        assert w.size(dim=1) == 3 and w.size(dim=0) == 4
+        assert w.stride(dim=0) == plain(w).stride(0)
