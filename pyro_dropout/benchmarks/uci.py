@@ -641,6 +641,30 @@ def _targets(summary, guides):
     return lines
 
 
+def _concrete_targets(summary):
+    """Issue 15's target for ``concrete``: test LL within one standard error of the MC
+    dropout anchor, at most 1/4 of the dropout guide's training compute (wall time of all its
+    units, validation included; the dropout guide's validation trains its 12 configurations
+    as one batch, so wall time favours it over member-steps)."""
+    header = "| dataset | concrete LL vs anchor | concrete RMSE vs anchor | wall time concrete / dropout |"
+    lines = ["", "### Concrete dropout against the anchor", "", header, "| --- | --- | --- | --- |"]
+    met = shown = 0
+    for name, entry in summary["datasets"].items():
+        anchor = entry["published"].get("mc_dropout_2018")
+        conc, drop = entry["guides"].get("concrete"), entry["guides"].get("dropout")
+        if anchor is None or conc is None:
+            continue
+        shown += 1
+        ll, ok = _within((conc["ll"]["mean"], conc["ll"]["se"]), anchor["ll"], True)
+        rmse = _within((conc["rmse"]["mean"], conc["rmse"]["se"]), anchor["rmse"], False)[0]
+        ratio = "–" if drop is None else f"{conc['wall_s'] / drop['wall_s']:.2f}"
+        met += ok
+        dagger = " †" if conc["reduced"] else ""
+        lines.append(f"| {name}{dagger} | {ll} | {rmse} | {ratio} |")
+    lines += ["", f"Concrete dropout's LL meets the target on {met} of {shown} dataset(s)."]
+    return lines
+
+
 def markdown(summary, guides):
     """Markdown report: RMSE and LL tables (ours + published), wall time and throughput."""
     pub_cols = list(PUBLISHED_COLUMNS)
@@ -677,6 +701,8 @@ def markdown(summary, guides):
     if notes:
         lines += ["", "Reduced budgets (†):", ""] + [f"- {n}" for n in notes]
     lines += _targets(summary, guides)
+    if "concrete" in guides:
+        lines += _concrete_targets(summary)
     lines += ["", "## Code versions", ""]
     lines.append(
         'Commit that wrote each row\'s units (splits in brackets; "+dirty": tracked files '

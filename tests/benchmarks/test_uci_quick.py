@@ -90,6 +90,11 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
     for guide in GUIDES:
         assert f"ours: {guide}" in md
     assert "## Targets" in md and "| yacht | " in md.split("## Targets")[1]
+    concrete_targets = md.split("### Concrete dropout against the anchor")[1]
+    assert re.search(
+        r"\| yacht † \| [✅❌] [-+][0-9.e-]+ \| [✅❌] [-+][0-9.e-]+ \| [0-9.]+ \|",
+        concrete_targets,
+    )
     label = uci.commit_label(unit)
     assert f"- yacht / concrete: {label} (splits 0-1)" in md.split("## Code versions")[1]
 
