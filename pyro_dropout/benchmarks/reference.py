@@ -15,7 +15,8 @@ Three small problems, each one Bayesian MLP (one hidden layer, tanh) with its ow
 
 On each: the NUTS reference (:func:`~pyro_dropout.diagnostics.reference_posterior`, several
 chains, function-space R-hat recorded), this library's guides (``AutoDropout``,
-``AutoMeanField``, ``AutoVariationalDropout``, fitted with local reparameterisation), Pyro's
+``AutoMeanField``, ``AutoVariationalDropout``, ``AutoConcreteDropout``, fitted with local
+reparameterisation), Pyro's
 ``AutoNormal``, ``AutoLowRankMultivariateNormal``, ``AutoDelta`` (MAP),
 ``AutoLaplaceApproximation`` and a deep ensemble of MAP fits, all in one
 :func:`~pyro_dropout.diagnostics.compare` table with the fidelity scores of
@@ -45,7 +46,14 @@ from pyro.infer.autoguide import (
     AutoNormal,
 )
 
-from .. import AutoDropout, AutoMeanField, AutoVariationalDropout, BayesianMLP, fit
+from .. import (
+    AutoConcreteDropout,
+    AutoDropout,
+    AutoMeanField,
+    AutoVariationalDropout,
+    BayesianMLP,
+    fit,
+)
 from ..diagnostics import (
     ReferenceConvergenceWarning,
     compare,
@@ -56,6 +64,8 @@ from ..diagnostics import (
 from ..diagnostics import _reader as rd
 
 PROBLEMS = ("gap1d", "yacht", "iris")
+#: Predictive quantiles recorded per fit on 1-D problems (a 90 % and a 50 % band, the median).
+BAND_QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 #: Settings per mode: network width, training rows, SVI steps, draws per fit, NUTS run.
 SETTINGS = {
     "full": {
@@ -105,6 +115,7 @@ def guides():
         "AutoDropout": (lambda m: AutoDropout(m, dropout_rate=0.1), True),
         "AutoMeanField": (lambda m: AutoMeanField(m), True),
         "AutoVariationalDropout": (lambda m: AutoVariationalDropout(m), True),
+        "AutoConcreteDropout": (lambda m: AutoConcreteDropout(m), True),
         "AutoNormal": (lambda m: AutoNormal(m, init_scale=0.05), False),
         "AutoLowRankMVN": (lambda m: AutoLowRankMultivariateNormal(m, rank=2), False),
         "AutoDelta (MAP)": (lambda m: AutoDelta(m), False),
@@ -212,6 +223,24 @@ def run_problem(name, cfg, seed=0, data_dir=None):
     rows = []
     for fname, row in table.iterrows():
         rows.append({"fit": fname, **{k: _plain(v) for k, v in row.items()}})
+    bands = None
+    if rd.task(ref) == "regression" and x.shape[1] == 1:  # 1-D inputs: bands to plot
+        obs = rd.obs_name(ref)
+        bands = {
+            "x_train": x[:, 0].tolist(),
+            "y_train": y.tolist(),
+            "x_test": xt[:, 0].tolist(),
+            "y_test": yt.tolist(),
+            "quantiles": BAND_QUANTILES,
+            "fits": {
+                fname: np.quantile(
+                    rd.draws(data, "predictions", obs).reshape(-1, xt.shape[0]),
+                    BAND_QUANTILES,
+                    axis=0,
+                ).tolist()
+                for fname, data in fits.items()
+            },
+        }
     return {
         "problem": name,
         "task": rd.task(ref),
@@ -220,6 +249,9 @@ def run_problem(name, cfg, seed=0, data_dir=None):
         "reference": reference,
         "rows": rows,
         "failed": failed,
+        # predictive quantiles at the test inputs of each fit (1-D regression only; the
+        # notebook "Which guide is closest to the posterior?" plots them)
+        "bands": bands,
     }
 
 

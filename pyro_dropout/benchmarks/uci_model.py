@@ -155,6 +155,9 @@ class GuideSpec:
     family: str
     description: str
     hyperparameters: tuple[str, ...]
+    #: Train one learned-noise member per split on the sub-training rows, then pick the
+    #: test-time τ by validation LL (:data:`TAU_CALIBRATION_FACTORS`) and fix it in the final fit.
+    calibrate_noise: bool = False
 
 
 GUIDES = {
@@ -191,7 +194,22 @@ GUIDES = {
         "maximising the ELBO); no grid, so no validation phase",
         (),
     ),
+    "concrete-tau": GuideSpec(
+        "concrete-tau",
+        "AutoConcreteDropout",
+        "Concrete dropout as `concrete`, but tau calibrated on the validation rows: one "
+        "training with learned noise on the sub-training rows, tau = the learned precision "
+        "times the factor in 10^[-1.5, 1.5] (61 values) with the best validation LL, then the "
+        "final training with that tau fixed (drop rates learned in both)",
+        ("noise",),
+        calibrate_noise=True,
+    ),
 }
+
+#: Factors applied to the learned precision when ``concrete-tau`` calibrates τ on the
+#: validation rows (log-spaced, 12 % apart: the validation LL is flat to well under a standard
+#: error across one step).
+TAU_CALIBRATION_FACTORS = torch.logspace(-1.5, 1.5, 61, dtype=torch.float64)
 
 
 def grid(guide, dropout_rates, tau_values, quick=False):
@@ -210,8 +228,9 @@ def grid(guide, dropout_rates, tau_values, quick=False):
         priors = [1.0]
     if guide == "dropout":
         return [{"dropout_rate": p, "tau": t} for p in rates for t in taus]
-    if guide == "concrete":
-        # No grid: the drop rates and the noise are learned, so one training per split.
+    if guide in ("concrete", "concrete-tau"):
+        # No grid: the drop rates (and, for "concrete", the noise) are learned, so one
+        # training per split; "concrete-tau" calibrates τ on the validation rows after it.
         return [{"noise": "learned"}]
     noise = ([taus[-1]] if quick else taus) + ["learned"]
     if guide == "meanfield":
@@ -270,7 +289,7 @@ def build(guide, d_in, n_hidden, members: Members):
         prior = torch.tensor([c["prior_scale"] for c in cfg], dtype=dtype)
         model = BatchedRegressionMLP(d_in, n_hidden, noise_sd.to(dtype), prior, prior)
         g = AutoMeanField(model, init_loc_fn=init_to_glorot)
-    elif guide == "concrete":
+    elif guide in ("concrete", "concrete-tau"):
         model = BatchedRegressionMLP(
             d_in,
             n_hidden,
@@ -371,6 +390,8 @@ class Evaluation:
     tau: torch.Tensor
     wall_s: float
     samples: torch.Tensor | None = None  # (T, M, N) original scale, if requested
+    #: ``(K, M)`` LL with each member's τ multiplied by ``tau_factors[k]``, if requested
+    ll_scan: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -386,6 +407,7 @@ def evaluate(
     num_samples,
     seed=0,
     keep_samples=False,
+    tau_factors=None,
 ):
     r"""MC-dropout style test metrics of every member, streamed over chunks of samples.
 
@@ -399,7 +421,9 @@ def evaluate(
     * LL_i = logsumexp_t(-τ/2 (y_i - ŷ_t)²) - log T - ½ log 2π + ½ log τ, averaged over i
       (``Prediction.log_likelihood``'s formula; the logsumexp is accumulated chunk by chunk);
     * ``rmse_mean_weights``: RMSE of the network with the posterior-mean weights (for dropout,
-      standard dropout's weight-averaging test-time net; the reference code's "standard" RMSE).
+      standard dropout's weight-averaging test-time net; the reference code's "standard" RMSE);
+    * ``ll_scan`` (if ``tau_factors``, a ``(K,)`` tensor): the same LL with τ replaced by
+      ``tau_factors[k] · τ``, from the same passes (for calibrating τ on validation rows).
     """
     start = time.perf_counter()
     pyro.set_rng_seed(seed)
@@ -414,6 +438,9 @@ def evaluate(
     chunk = max(1, min(num_samples, _CHUNK_BUDGET // max(1, m * n * width)))
     total = torch.zeros(m, n, dtype=torch.float64, device=dev)
     lse = torch.full((m, n), -math.inf, dtype=torch.float64, device=dev)
+    factors = None if tau_factors is None else tau_factors.double().to(dev)
+    if factors is not None:
+        lse_scan = torch.full((len(factors), m, n), -math.inf, dtype=torch.float64, device=dev)
     kept = []
     with pyro.validation_enabled(False), local_reparameterization():
         for s0 in range(0, num_samples, chunk):
@@ -423,12 +450,22 @@ def evaluate(
                 f = poutine.replay(model, trace=trace)(xm)
             f = f.reshape(c, m, n).double() * sd + mu
             total += f.sum(0)
-            lse = torch.logaddexp(lse, torch.logsumexp(-0.5 * tau * (ym - f) ** 2, 0))
+            sq = (ym - f) ** 2
+            lse = torch.logaddexp(lse, torch.logsumexp(-0.5 * tau * sq, 0))
+            if factors is not None:  # one τ at a time: K x chunk x M x N would not fit
+                for k, fac in enumerate(factors):
+                    lse_scan[k] = torch.logaddexp(
+                        lse_scan[k], torch.logsumexp(-0.5 * fac * tau * sq, 0)
+                    )
             if keep_samples:
                 kept.append(f)
     mean = total / num_samples
     rmse = ((ym - mean) ** 2).mean(-1).sqrt()
-    ll_i = lse - math.log(num_samples) - 0.5 * math.log(2 * math.pi) + 0.5 * tau.log()
+    const = -math.log(num_samples) - 0.5 * math.log(2 * math.pi)
+    ll_i = lse + const + 0.5 * tau.log()
+    ll_scan = None
+    if factors is not None:
+        ll_scan = (lse_scan + const + 0.5 * (factors.reshape(-1, 1, 1) * tau).log()).mean(-1)
     with pyro.validation_enabled(False):
         medians = guide.median()
         f_mean_w = poutine.condition(model, data=medians)(xm).reshape(m, n).double() * sd + mu
@@ -440,4 +477,5 @@ def evaluate(
         tau=tau.reshape(-1),
         wall_s=time.perf_counter() - start,
         samples=torch.cat(kept, 0) if keep_samples else None,
+        ll_scan=ll_scan,
     )

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyro_dropout.benchmarks import reference
@@ -36,6 +37,17 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
         assert all(row["wall_s"] > 0 for row in res["rows"])
         assert math.isnan(ref_row["vi_khat"]) and "no density" in ref_row["vi_diagnosis"]
         assert res["reference"]["fn_rhat_max"] > 0
+        if res["problem"] == "gap1d":  # 1-D: predictive bands of every fit in the table
+            bands = res["bands"]
+            assert set(bands["fits"]) == fits
+            for q in bands["fits"].values():
+                assert len(q) == len(reference.BAND_QUANTILES)
+                assert all(len(row) == len(bands["x_test"]) for row in q)
+                assert all(
+                    np.all(np.diff(np.asarray(q), axis=0) >= 0) for q in bands["fits"].values()
+                )
+        else:
+            assert res["bands"] is None
     text = md.read_text()
     assert "### gap1d (regression" in text and "| NUTS (reference) |" in text
     assert "### iris (classification" in text and "ref_agreement" in text

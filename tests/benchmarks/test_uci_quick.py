@@ -23,7 +23,7 @@ from pyro_dropout.infer import MeanFieldELBO
 from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
 UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
-GUIDES = ("dropout", "meanfield", "vd", "concrete")
+GUIDES = ("dropout", "meanfield", "vd", "concrete", "concrete-tau")
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,19 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
         for k in (0, 1):
             unit = json.loads((out / "units" / "yacht" / guide / f"split_{k}.json").read_text())
             assert unit["status"] == "done" and unit["split"] == k
-            assert _finite_numbers(unit["test"]) and unit["chosen"] in unit["settings"]["grid"]
+            assert _finite_numbers(unit["test"])
+            if guide == "concrete-tau":  # learned noise on validation, then τ calibrated
+                cal = unit["validation"]["tau_calibration"]
+                assert unit["settings"]["grid"] == [{"noise": "learned"}]
+                assert unit["validation"]["configs"][0]["tau_eval"] == cal["learned_tau"]
+                assert math.isclose(cal["tau"], cal["learned_tau"] * cal["factor"])
+                assert cal["val_ll"] >= unit["validation"]["configs"][0]["val_ll"]
+                assert unit["chosen"] == {"noise": cal["tau"]}
+                assert math.isclose(
+                    unit["test"]["tau"], cal["tau"], rel_tol=1e-6
+                )  # fixed (float32)
+                continue
+            assert unit["chosen"] in unit["settings"]["grid"]
             if guide == "concrete":  # one configuration: no validation phase
                 assert unit["validation"] is None and len(unit["settings"]["grid"]) == 1
                 rates = unit["learned_dropout_rates"]
@@ -91,10 +103,13 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
         assert f"ours: {guide}" in md
     assert "## Targets" in md and "| yacht | " in md.split("## Targets")[1]
     concrete_targets = md.split("### Concrete dropout against the anchor")[1]
-    assert re.search(
-        r"\| yacht † \| [✅❌] [-+][0-9.e-]+ \| [✅❌] [-+][0-9.e-]+ \| [0-9.]+ \|",
-        concrete_targets,
-    )
+    for guide in ("concrete", "concrete-tau"):
+        assert re.search(
+            rf"\| yacht † \| {guide} \| [✅❌] [-+][0-9.e-]+ \| [✅❌] [-+][0-9.e-]+ \| [0-9.]+ \|",
+            concrete_targets,
+        )
+        assert re.search(rf"- {guide}: the LL meets the target on [01] of 1 dataset", md)
+    assert re.search(r"yacht / concrete-tau: calibrated tau: median [0-9.e+-]+, range", md)
     label = uci.commit_label(unit)
     assert f"- yacht / concrete: {label} (splits 0-1)" in md.split("## Code versions")[1]
 
@@ -174,7 +189,10 @@ def _tiny_batched_fit(data_dir, guide, splits=(0, 1), steps_epochs=3):
 def test_streamed_metrics_match_prediction_log_likelihood(data_dir, guide):
     model, g, eval_tau, (xt, yt, mean, std), per = _tiny_batched_fit(data_dir, guide)
     tau = eval_tau()
-    ev = uci_model.evaluate(model, g, xt, yt, per, mean, std, tau, 300, keep_samples=True)
+    factors = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
+    ev = uci_model.evaluate(
+        model, g, xt, yt, per, mean, std, tau, 300, keep_samples=True, tau_factors=factors
+    )
     samples = ev.samples  # (T, M, N), original scale, float64
     assert samples.shape[:2] == (300, len(tau))
     y_members = yt.repeat_interleave(per, 0)
@@ -182,6 +200,10 @@ def test_streamed_metrics_match_prediction_log_likelihood(data_dir, guide):
         pred = Prediction(samples[:, m, :, None], GaussianLikelihood(tau=float(tau[m])))
         ll = pred.log_likelihood(y_members[m]).mean()
         torch.testing.assert_close(ev.ll[m], ll)
+        for k, fac in enumerate(factors):  # the τ scan: the same passes, τ scaled
+            like = GaussianLikelihood(tau=float(tau[m] * fac))
+            scanned = Prediction(samples[:, m, :, None], like).log_likelihood(y_members[m])
+            torch.testing.assert_close(ev.ll_scan[k, m], scanned.mean())
         rmse = ((pred.mean[:, 0] - y_members[m]) ** 2).mean().sqrt()
         torch.testing.assert_close(ev.rmse[m], rmse)
     assert torch.isfinite(ev.rmse_mean_weights).all()
