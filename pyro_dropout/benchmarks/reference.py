@@ -282,7 +282,8 @@ def markdown(results):
         out.append(
             f"NUTS: function-space R-hat max {_fmt(ref['fn_rhat_max'])}, bulk ESS min "
             f"{_fmt(ref['fn_ess_bulk_min'])}, {ref['num_divergent']} divergent transitions, "
-            f"{ref['wall_s']:.1f} s."
+            f"{ref['wall_s']:.1f} s (the whole problem, every fit included: "
+            f"{res.get('wall_s', float('nan')):.0f} s)."
         )
         out.append("")
         if res["task"] == "classification":
@@ -334,9 +335,23 @@ def main(argv=None):
     if args.steps is not None:
         cfg["steps"] = args.steps
     start = time.perf_counter()
-    results = [run_problem(p, cfg, seed=args.seed, data_dir=args.data_dir) for p in problems]
+    results = []
+    for p in problems:  # the JSON is rewritten after each problem: nothing lost to a late one
+        t0 = time.perf_counter()
+        results.append(run_problem(p, cfg, seed=args.seed, data_dir=args.data_dir))
+        results[-1]["wall_s"] = time.perf_counter() - t0
+        _write(args, results, cfg, start, argv)
     table = markdown(results)
     print(table)
+    _write(args, results, cfg, start, argv)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return results
+
+
+def _write(args, results, cfg, start, argv):
+    from .uci import _git_state
+
     meta = {
         "command": "python -m pyro_dropout.benchmarks.reference "
         + " ".join(sys.argv[1:] if argv is None else argv),
@@ -347,12 +362,10 @@ def main(argv=None):
         "quick": args.quick,
         "settings": cfg,
         "total_wall_s": time.perf_counter() - start,
+        "code": _git_state(),
     }
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
-    return results
 
 
 if __name__ == "__main__":
