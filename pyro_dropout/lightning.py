@@ -76,7 +76,7 @@ except ImportError as e:  # optional dependency
         "(or pip install 'lightning>=2.4')"
     ) from e
 
-__all__ = ["BayesianModule", "fit_on_devices", "rank_seed"]
+__all__ = ["BayesianModule", "fit_on_devices", "make_trainer", "rank_seed"]
 
 _CKPT_KEY = "pyro_dropout"
 
@@ -314,9 +314,24 @@ def fit_on_devices(
         raise ValueError("pass exactly one of num_steps and num_epochs")
     module = BayesianModule(model, guide, example=next(iter(loader)), **module_kwargs)
     history = _LossHistory(callback)
-    trainer = L.Trainer(
+    trainer = make_trainer(
+        devices,
         max_epochs=num_epochs if num_epochs is not None else -1,
         max_steps=num_steps if num_steps is not None else -1,
+        accelerator=accelerator,
+        progress=progress,
+        callbacks=[history],
+    )
+    trainer.fit(module, loader)
+    return history.losses
+
+
+def make_trainer(devices=1, *, accelerator="auto", progress=True, callbacks=(), **limits):
+    """The ``lightning.Trainer`` that :func:`fit_on_devices` uses: ``devices`` devices with
+    ``strategy="ddp"`` when more than one, no logger, checkpoints or model summary (the fit
+    returns its losses instead), a progress bar if ``progress``; ``limits`` are the Trainer's
+    ``max_epochs`` / ``max_steps``."""
+    return L.Trainer(
         accelerator=accelerator,
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
@@ -324,10 +339,9 @@ def fit_on_devices(
         enable_checkpointing=False,
         enable_progress_bar=progress,
         enable_model_summary=False,
-        callbacks=[history],
+        callbacks=list(callbacks),
+        **limits,
     )
-    trainer.fit(module, loader)
-    return history.losses
 
 
 def rank_seed(seed, rank):

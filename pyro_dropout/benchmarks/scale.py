@@ -185,7 +185,7 @@ def _run_config(name, rows, batch, baseline_rows, seed, devices):
 def _trainer_pass(model, guide, loader, rows, devices, seed, jit=False):
     import lightning as L
 
-    from ..lightning import BayesianModule
+    from ..lightning import BayesianModule, make_trainer
 
     class Clock(L.Callback):
         def on_train_start(self, trainer, module):
@@ -200,16 +200,8 @@ def _trainer_pass(model, guide, loader, rows, devices, seed, jit=False):
     x, y = next(iter(loader))
     module = BayesianModule(model, guide, example=(x, y), num_data=rows, lr=LR, seed=seed, jit=jit)
     clock = Clock()
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[clock],
+    trainer = make_trainer(
+        devices, max_epochs=1, accelerator="cpu", progress=False, callbacks=[clock]
     )
     trainer.fit(module, loader)
     final = trainer.callback_metrics["elbo"].item() * -1

@@ -105,6 +105,19 @@ dropout guide's fixed-τ mapping ``τ' = 2τ/(1-p)²``: it needs p before traini
 is learned. The test LL uses the learned precision mapped back to the original scale; each
 unit records the learned rate of every layer (``learned_dropout_rates``).
 
+**Concrete dropout with a validated τ** (``concrete-tau``): with the noise learned, nothing
+calibrates the predictive on held-out rows (learned τ came out too loose on yacht and too tight
+on bostonHousing and wine-quality-red). This variant keeps the learned drop rates but chooses τ
+like the other guides choose their hyper-parameters, by validation LL, without a grid of
+trainings: (1) one training with learned noise on the sub-training rows; (2) on the validation
+rows, the LL of the same T passes with τ = (learned τ) · f for 61 log-spaced factors f in
+[10^-1.5, 10^1.5] (``TAU_CALIBRATION_FACTORS``, 12 % apart), and the best τ is kept (a best
+factor on the edge is logged and recorded, ``at_edge``); (3) the final training on all training
+rows with that τ fixed (precision ``τ σ_y²`` on the standardised targets, as the Gaussian guides'
+fixed-τ members) and the drop rates learned again. Two trainings of one member per split: 2/13
+of the dropout guide's trainings. Each unit records ``tau_calibration`` (learned τ, factor, τ,
+validation LL).
+
 **Provenance.** Every unit (``split_<k>.json`` and ``split_<k>.val.json``) records ``code``:
 the ``git rev-parse HEAD`` of the checkout the package was imported from and whether its
 tracked files differed from it (``dirty``), at the time the unit was written. The report says
