@@ -107,16 +107,20 @@ unit records the learned rate of every layer (``learned_dropout_rates``).
 
 **Concrete dropout with a validated τ** (``concrete-tau``): with the noise learned, nothing
 calibrates the predictive on held-out rows (learned τ came out too loose on yacht and too tight
-on bostonHousing and wine-quality-red). This variant keeps the learned drop rates but chooses τ
-like the other guides choose their hyper-parameters, by validation LL, without a grid of
-trainings: (1) one training with learned noise on the sub-training rows; (2) on the validation
-rows, the LL of the same T passes with τ = (learned τ) · f for 61 log-spaced factors f in
-[10^-1.5, 10^1.5] (``TAU_CALIBRATION_FACTORS``, 12 % apart), and the best τ is kept (a best
-factor on the edge is logged and recorded, ``at_edge``); (3) the final training on all training
-rows with that τ fixed (precision ``τ σ_y²`` on the standardised targets, as the Gaussian guides'
-fixed-τ members) and the drop rates learned again. Two trainings of one member per split: 2/13
-of the dropout guide's trainings. Each unit records ``tau_calibration`` (learned τ, factor, τ,
-validation LL).
+on bostonHousing and wine-quality-red). This variant trains exactly as ``concrete`` (drop rates
+and noise learned) and calibrates only the test-time τ, by validation LL, without a grid of
+trainings: (1) the training on the sub-training rows; (2) on the validation rows, the LL of the
+same T passes with τ = f · (learned τ) for 81 log-spaced factors f in [10^-2, 10^2]
+(``TAU_CALIBRATION_FACTORS``, 12 % apart); the best f is kept (a best factor on the edge is
+logged and recorded, ``at_edge``); (3) the final training on all training rows, as ``concrete``,
+whose test LL uses τ = f · (its own learned τ). Why a factor and not the calibrated τ itself
+as a fixed training precision: the learned noise absorbs the variance the relaxed masks inject
+during training, which the MC predictive already contains at test time, so the learned τ is
+systematically too small for the predictive; the factor corrects that bias, and the final
+training stays the procedure the factor was validated on (training at a fixed, larger τ would
+change the learned rates and with them the predictive spread). Two trainings of one member per
+split: 2/13 of the dropout guide's trainings. Each unit records ``tau_calibration`` (learned τ,
+factor, τ, validation LL) and ``test.tau_learned``.
 
 **Provenance.** Every unit (``split_<k>.json`` and ``split_<k>.val.json``) records ``code``:
 the ``git rev-parse HEAD`` of the checkout the package was imported from and whether its
@@ -293,11 +297,14 @@ def _groups(ds, splits, validation, split_batch):
     return chunks
 
 
-def _fit_and_evaluate(ds, guide, splits, configs_per_split, settings, validation, seed, args):
+def _fit_and_evaluate(
+    ds, guide, splits, configs_per_split, settings, validation, seed, args, tau_factor=None
+):
     """Train one batched model (members = splits × configurations) and evaluate every member.
 
     ``configs_per_split``: the same list of G configurations for every split (validation), or
-    one configuration per split (final fit, G = 1).
+    one configuration per split (final fit, G = 1). ``tau_factor``: ``(M,)`` factors on the
+    members' test-time precisions (``concrete-tau``'s calibration), or None.
     """
     x, y, x_eval, y_eval, y_mean, y_std = _stack_split_arrays(ds, splits, validation)
     if validation:
@@ -319,6 +326,7 @@ def _fit_and_evaluate(ds, guide, splits, configs_per_split, settings, validation
         lr=settings["lr"],
         seed=seed,
     )
+    tau_learned = eval_tau()
     ev = um.evaluate(
         model,
         g,
@@ -327,7 +335,7 @@ def _fit_and_evaluate(ds, guide, splits, configs_per_split, settings, validation
         per_split,
         y_mean.repeat_interleave(per_split),
         y_std.repeat_interleave(per_split),
-        eval_tau(),
+        tau_learned * (1.0 if tau_factor is None else tau_factor),
         settings["val_mc_samples"] if validation else settings["mc_samples"],
         seed=seed + 1,
         tau_factors=um.TAU_CALIBRATION_FACTORS
@@ -345,6 +353,7 @@ def _fit_and_evaluate(ds, guide, splits, configs_per_split, settings, validation
         "n_eval": int(x_eval.shape[1]),
         "stats": stats,
         "eval": ev,
+        "tau_learned": tau_learned,
     }
 
 
@@ -397,25 +406,23 @@ def _validation_phase(ds, guide, splits, settings, out, args):
         best = int(np.argmax(lls))  # first maximum, as the reference's strict ">"
         chosen = dict(grid[best])
         calibration = None
-        if ev.ll_scan is not None:  # concrete-tau: τ = learned τ x the best factor
+        if ev.ll_scan is not None:  # concrete-tau: the factor on the learned τ
             scan = ev.ll_scan[:, i * g + best].nan_to_num(nan=-math.inf)
             j = int(torch.argmax(scan))
             factors = um.TAU_CALIBRATION_FACTORS
-            tau = float(ev.tau[i * g + best] * factors[j])
             calibration = {
                 "learned_tau": float(ev.tau[i * g + best]),
                 "factor": float(factors[j]),
-                "tau": tau,
+                "tau": float(ev.tau[i * g + best] * factors[j]),
                 "val_ll": float(scan[j]),
                 # the best factor on the scan's edge: the scan may be too narrow
                 "at_edge": j in (0, len(factors) - 1),
             }
-            chosen = {"noise": tau}
+            chosen = {**chosen, "tau_factor": calibration["factor"]}
             if calibration["at_edge"]:
                 _log(
-                    f"[{ds.name}/{guide}]   split {k}: calibrated tau {tau:.4g} is at the edge "
-                    f"of the scanned factors (x{factors[j]:.3g}); the validation LL may still "
-                    "rise beyond it",
+                    f"[{ds.name}/{guide}]   split {k}: the best tau factor {factors[j]:.3g} is "
+                    "at the edge of the scan; the validation LL may still rise beyond it",
                     args.quiet,
                 )
         rec = {
@@ -445,7 +452,11 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
         f"[{ds.name}/{guide}] final fits, splits {splits}: chosen {chosen}",
         args.quiet,
     )
-    res = _fit_and_evaluate(ds, guide, splits, chosen, settings, False, seed, args)
+    factor = None
+    if um.GUIDES[guide].calibrate_noise:  # trained as validated; the factor is for testing
+        factor = torch.tensor([c["tau_factor"] for c in chosen], dtype=torch.float64)
+        chosen = [{k: v for k, v in c.items() if k != "tau_factor"} for c in chosen]
+    res = _fit_and_evaluate(ds, guide, splits, chosen, settings, False, seed, args, factor)
     ev = res["eval"]
     phase = _phase_record(res, splits, seed)
     share = (phase["train_wall_s"] + phase["eval_wall_s"]) / len(splits)
@@ -472,6 +483,7 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
                 "ll": float(ev.ll[i]),
                 "rmse_mean_weights": float(ev.rmse_mean_weights[i]),
                 "tau": float(ev.tau[i]),
+                "tau_learned": float(res["tau_learned"][i]),
             },
             "validation": None
             if val.get("skipped")
@@ -582,11 +594,14 @@ def summarize(out, datasets, guides):
             for r in recs:
                 label = json.dumps(r["chosen"], sort_keys=True)
                 chosen[label] = chosen.get(label, 0) + 1
-            if um.GUIDES[guide].calibrate_noise:  # a continuous τ: its range, not counts
-                taus = [r["chosen"]["noise"] for r in recs]
+            if um.GUIDES[guide].calibrate_noise:  # continuous: the range, not counts
+                fs = [r["chosen"]["tau_factor"] for r in recs]
+                taus = [r["test"]["tau"] for r in recs]
                 chosen = {
-                    f"calibrated tau: median {statistics.median(taus):.3g}, "
-                    f"range {min(taus):.3g}-{max(taus):.3g}": len(taus)
+                    f"tau factor: median {statistics.median(fs):.3g}, range "
+                    f"{min(fs):.3g}-{max(fs):.3g} (test tau {min(taus):.3g}-{max(taus):.3g})": len(
+                        fs
+                    )
                 }
             agg["chosen_counts"] = chosen
             agg["learned_tau_test"] = [r["test"]["tau"] for r in recs]

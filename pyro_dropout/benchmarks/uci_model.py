@@ -155,8 +155,8 @@ class GuideSpec:
     family: str
     description: str
     hyperparameters: tuple[str, ...]
-    #: Train one learned-noise member per split on the sub-training rows, then pick the
-    #: test-time τ by validation LL (:data:`TAU_CALIBRATION_FACTORS`) and fix it in the final fit.
+    #: Learned noise in both phases; the validation LL picks a factor on the learned precision
+    #: (:data:`TAU_CALIBRATION_FACTORS`) that the final fit's test LL applies to its own.
     calibrate_noise: bool = False
 
 
@@ -197,19 +197,19 @@ GUIDES = {
     "concrete-tau": GuideSpec(
         "concrete-tau",
         "AutoConcreteDropout",
-        "Concrete dropout as `concrete`, but tau calibrated on the validation rows: one "
-        "training with learned noise on the sub-training rows, tau = the learned precision "
-        "times the factor in 10^[-1.5, 1.5] (61 values) with the best validation LL, then the "
-        "final training with that tau fixed (drop rates learned in both)",
+        "Concrete dropout as `concrete` (drop rates and noise learned), with the test-time tau "
+        "calibrated on the validation rows: the training on the sub-training rows picks the "
+        "factor f in 10^[-2, 2] (81 values) on its learned precision with the best validation "
+        "LL; the final fit's test LL uses f times its own learned precision",
         ("noise",),
         calibrate_noise=True,
     ),
 }
 
-#: Factors applied to the learned precision when ``concrete-tau`` calibrates τ on the
-#: validation rows (log-spaced, 12 % apart: the validation LL is flat to well under a standard
-#: error across one step).
-TAU_CALIBRATION_FACTORS = torch.logspace(-1.5, 1.5, 61, dtype=torch.float64)
+#: Factors on the learned precision scanned when ``concrete-tau`` calibrates the test-time τ on
+#: the validation rows (log-spaced, 12 % apart: the validation LL is flat to well under a
+#: standard error across one step).
+TAU_CALIBRATION_FACTORS = torch.logspace(-2.0, 2.0, 81, dtype=torch.float64)
 
 
 def grid(guide, dropout_rates, tau_values, quick=False):
