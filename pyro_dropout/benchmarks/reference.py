@@ -77,10 +77,11 @@ SETTINGS = {
         "lr": 1e-2,
         "draws": 1000,
         "members": 5,
-        # Budget: ~30 min of one core per problem. Probe on a loaded 2-core box (gap1d, 2
-        # chains x 100 iterations, depth <= 10): 313 s, i.e. ~3 s per iteration per chain;
-        # depth <= 8 caps an iteration at 255 gradients (~0.3 s at 1 ms per gradient).
-        "nuts": {"num_chains": 4, "num_warmup": 500, "num_samples": 500, "max_tree_depth": 8},
+        # Budget: ~30 min of one core per problem. The trees saturate (every iteration at the
+        # depth cap), and a gradient costs ~2.5 ms on a loaded 2-core box: 4 chains x 1,000
+        # iterations at depth <= 8 (255 gradients) took over 10 CPU minutes per chain on gap1d,
+        # ~50 per problem; 600 iterations at depth <= 7 (127 gradients) cost ~1/3 of that.
+        "nuts": {"num_chains": 4, "num_warmup": 300, "num_samples": 300, "max_tree_depth": 7},
     },
     "quick": {
         "hidden": 2,
