@@ -1,7 +1,8 @@
 """Which guide is closest to the posterior? Every guide against a NUTS reference, per problem.
 
     python -m pyro_dropout.benchmarks.reference [--quick] [--problems gap1d,yacht,iris]
-        [--data-dir ../shared/data/uci] [--json PATH] [--markdown PATH]
+        [--data-dir ../shared/data/uci] [--json PATH] [--markdown PATH] [--page PATH]
+        [--report-only]
         [--num-chains C] [--num-warmup W] [--num-samples S] [--max-tree-depth D] [--steps N]
 
 Three small problems, each one Bayesian MLP (one hidden layer, tanh) with its own priors:
@@ -64,6 +65,7 @@ from ..diagnostics import (
 from ..diagnostics import _reader as rd
 
 PROBLEMS = ("gap1d", "yacht", "iris")
+REFERENCE = "NUTS (reference)"
 #: Predictive quantiles recorded per fit on 1-D problems (a 90 % and a 50 % band, the median).
 BAND_QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95]
 #: Settings per mode: network width, training rows, SVI steps, draws per fit, NUTS run.
@@ -185,8 +187,8 @@ def run_problem(name, cfg, seed=0, data_dir=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ReferenceConvergenceWarning)
         ref = reference_posterior(model, x, y, xt, yt, **cfg["nuts"], seed=seed)
-    wall["NUTS (reference)"] = time.perf_counter() - start
-    fits["NUTS (reference)"] = ref
+    wall[REFERENCE] = time.perf_counter() - start
+    fits[REFERENCE] = ref
     ref_warnings = [str(w.message) for w in caught]
 
     failed = {}
@@ -306,6 +308,92 @@ def markdown(results):
     return "\n".join(out)
 
 
+#: Cheap diagnostics set against closeness to the reference: (column, +1 if higher is better).
+CHEAP_DIAGNOSTICS = (("elpd_loo", 1), ("test_lpd", 1), ("vi_khat", -1))
+
+
+def rank_agreement(results):
+    """Per problem, Spearman's rank correlation between the approximate fits' closeness to the
+    reference (``-ref_w1`` for regression, ``-ref_tv`` for classification) and each cheap
+    diagnostic of :data:`CHEAP_DIAGNOSTICS` (oriented so that higher is better): 1 = the
+    diagnostic orders the fits as the reference does, 0 = unrelated, -1 = reversed. Fits
+    with a NaN in either are left out (an infinite k̂ ranks last); NaN with fewer than three.
+    """
+    from scipy.stats import spearmanr
+
+    out = []
+    for res in results:
+        fits = [r for r in res["rows"] if r["fit"] != REFERENCE]
+        fidelity = "ref_tv" if res["task"] == "classification" else "ref_w1"
+        close = -np.array([r.get(fidelity, np.nan) for r in fits], dtype=float)
+        row = {
+            "problem": res["problem"],
+            "fits": len(fits),
+            "closest": fits[int(np.nanargmax(close))]["fit"],
+            "fidelity": fidelity,
+        }
+        for col, sign in CHEAP_DIAGNOSTICS:
+            score = sign * np.array([r.get(col, np.nan) for r in fits], dtype=float)
+            ok = ~np.isnan(score) & ~np.isnan(close)
+            rho = spearmanr(score[ok], close[ok]).statistic if ok.sum() > 2 else np.nan
+            row[col] = float(rho)
+        out.append(row)
+    return out
+
+
+def page(saved):
+    """The whole benchmark page (``docs/benchmarks/reference.md``) from the saved JSON."""
+    meta, results = saved["meta"], saved["results"]
+    code = meta.get("code") or {}
+    commit = (code.get("commit") or "?")[:7] + (" +dirty" if code.get("dirty") else "")
+    nuts = meta["settings"]["nuts"]
+    lines = [
+        "# Closest to the posterior: every guide against a NUTS reference",
+        "",
+        "Produced by",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"at commit `{commit}` (Python {meta['python']}, torch {meta['torch']}, pyro-ppl "
+        f"{meta['pyro']}, {meta['machine']}), {meta['total_wall_s'] / 60:.0f} min in all. NUTS: "
+        f"{nuts['num_chains']} chains x ({nuts['num_warmup']} warm-up + {nuts['num_samples']} "
+        f"draws), tree depth <= {nuts['max_tree_depth']}; every SVI fit "
+        f"{meta['settings']['steps']} steps; {meta['settings']['draws']} draws per fit. Raw "
+        "numbers: `reference.json` beside this page. Columns: `docs/reference-posterior.md`.",
+        "",
+        "| problem | wall time (min, all fits) | NUTS (min) | function-space R-hat max |",
+        "| --- | --- | --- | --- |",
+    ]
+    for res in results:
+        ref = res["reference"]
+        lines.append(
+            f"| {res['problem']} | {res.get('wall_s', float('nan')) / 60:.1f} | "
+            f"{ref['wall_s'] / 60:.1f} | {_fmt(ref['fn_rhat_max'])} |"
+        )
+    lines += ["", "## Tables", "", markdown(results), ""]
+    lines += [
+        "## Do the cheap diagnostics rank the fits like the reference?",
+        "",
+        "Spearman's rank correlation, over the approximate fits of each problem, between "
+        "closeness to the reference (lower `ref_w1` / `ref_tv`) and each diagnostic (higher "
+        "`elpd_loo` and `test_lpd`, lower `vi_khat`); 1 = the same order.",
+        "",
+        "| problem | fits | closest to the reference | "
+        + " | ".join(f"rho({c})" for c, _ in CHEAP_DIAGNOSTICS)
+        + " |",
+        "| --- | --- | --- |" + " --- |" * len(CHEAP_DIAGNOSTICS),
+    ]
+    for row in rank_agreement(results):
+        lines.append(
+            f"| {row['problem']} | {row['fits']} | {row['closest']} ({row['fidelity']}) | "
+            + " | ".join(_fmt(row[c], 2) for c, _ in CHEAP_DIAGNOSTICS)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def run(problems=PROBLEMS, quick=False, seed=0, data_dir=None):
     cfg = SETTINGS["quick" if quick else "full"]
     return [run_problem(p, cfg, seed=seed, data_dir=data_dir) for p in problems]
@@ -324,7 +412,26 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, help="SVI steps per guide")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument(
+        "--page",
+        type=Path,
+        help="write the whole benchmark page (docs/benchmarks/reference.md) to this path",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: read --json and write --markdown / --page from it",
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        if args.json is None or not args.json.is_file():
+            parser.error("--report-only needs --json pointing at a finished run's JSON")
+        saved = json.loads(args.json.read_text())
+        if args.markdown:
+            args.markdown.write_text(markdown(saved["results"]) + "\n")
+        if args.page:
+            args.page.write_text(page(saved))
+        return saved["results"]
     problems = [p for p in args.problems.split(",") if p]
     unknown = [p for p in problems if p not in PROBLEMS]
     if unknown:
@@ -347,10 +454,17 @@ def main(argv=None):
     _write(args, results, cfg, start, argv)
     if args.markdown:
         args.markdown.write_text(table + "\n")
+    if args.page:
+        args.page.write_text(page(_saved(args, results, cfg, start, argv)))
     return results
 
 
 def _write(args, results, cfg, start, argv):
+    if args.json:
+        args.json.write_text(json.dumps(_saved(args, results, cfg, start, argv), indent=1))
+
+
+def _saved(args, results, cfg, start, argv):
     from .uci import _git_state
 
     meta = {
@@ -365,8 +479,7 @@ def _write(args, results, cfg, start, argv):
         "total_wall_s": time.perf_counter() - start,
         "code": _git_state(),
     }
-    if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    return {"meta": meta, "results": results}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,55 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     assert "### gap1d (regression" in text and "| NUTS (reference) |" in text
     assert "### iris (classification" in text and "ref_agreement" in text
 
+    # The page re-rendered from the JSON alone, training nothing.
+    page = tmp_path / "page.md"
+    again = reference.main(["--report-only", "--json", str(out), "--page", str(page)])
+    assert [r["problem"] for r in again] == list(reference.PROBLEMS)
+    text = page.read_text()
+    assert text.startswith("# Closest to the posterior") and "--quick" in text
+    assert "## Do the cheap diagnostics rank the fits like the reference?" in text
+    assert all(f"| {p} | " in text for p in reference.PROBLEMS)
+
+
+def test_report_only_needs_a_json(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        reference.main(["--report-only", "--json", str(tmp_path / "missing.json")])
+    assert "--report-only needs --json" in capsys.readouterr().err
+
+
+def _result(task, rows):
+    fid = "ref_tv" if task == "classification" else "ref_w1"
+    keys = ("elpd_loo", "test_lpd", "vi_khat", fid)
+    return {
+        "problem": "p",
+        "task": task,
+        "rows": [{"fit": reference.REFERENCE, **dict.fromkeys(keys, 0.0)}]
+        + [{"fit": name, **dict(zip(keys, vals, strict=True))} for name, vals in rows],
+    }
+
+
+def test_rank_agreement_by_hand():
+    # elpd_loo orders the fits as the reference does, test_lpd reverses it, and k̂ (lower
+    # is better; inf ranks last, NaN is left out) agrees on the three finite values
+    res = _result(
+        "regression",
+        [
+            ("a", (-10.0, -3.0, 0.5, 0.1)),
+            ("b", (-20.0, -2.0, 0.8, 0.2)),
+            ("c", (-30.0, -1.0, math.inf, 0.3)),
+            ("d", (-40.0, 0.0, math.nan, 0.4)),
+        ],
+    )
+    (row,) = reference.rank_agreement([res])
+    assert row["fits"] == 4 and row["closest"] == "a" and row["fidelity"] == "ref_w1"
+    assert row["elpd_loo"] == pytest.approx(1.0)
+    assert row["test_lpd"] == pytest.approx(-1.0)
+    assert row["vi_khat"] == pytest.approx(1.0)  # a, b, c in order; d (NaN) left out
+    cls = _result("classification", [("x", (1.0, 1.0, 1.0, 0.3)), ("y", (2.0, 2.0, 2.0, 0.1))])
+    (row,) = reference.rank_agreement([cls])
+    assert row["closest"] == "y" and row["fidelity"] == "ref_tv"
+    assert math.isnan(row["elpd_loo"])  # two fits: no correlation
+
 
 def test_unknown_problem_is_reported(capsys):
     with pytest.raises(SystemExit):
