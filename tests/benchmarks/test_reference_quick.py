@@ -39,6 +39,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
         assert all(row["wall_s"] > 0 for row in res["rows"])
         assert math.isnan(ref_row["vi_khat"]) and "no density" in ref_row["vi_diagnosis"]
         assert res["reference"]["fn_rhat_max"] > 0
+        assert res["reference"]["init_from"] == "AutoMeanField"  # chains start from its draws
         if res["problem"] == "gap1d":  # 1-D: predictive bands of every fit in the table
             bands = res["bands"]
             assert set(bands["fits"]) == fits
