@@ -104,10 +104,14 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
     concrete_targets = md.split("### Concrete dropout against the anchor")[1]
     for guide in ("concrete", "concrete-tau"):
         assert re.search(
-            rf"\| yacht † \| {guide} \| [✅❌] [-+][0-9.e-]+ \| [✅❌] [-+][0-9.e-]+ \| [0-9.]+ \|",
+            rf"\| yacht † \| {guide} \| [✅❌] [-+][0-9.e-]+ \| [✅❌] [-+][0-9.e-]+ \| "
+            rf"[0-9.]+ \| [0-9.]+ \|",
             concrete_targets,
         )
         assert re.search(rf"- {guide}: the LL meets the target on [01] of 1 dataset", md)
+    # quick grid: 4 dropout configurations; concrete 1 / (0.8·4 + 1), concrete-tau 1.8 / 4.2
+    assert "| yacht † | concrete | " in md and re.search(r"\| 0\.24 \| [0-9.]+ \|\n", md)
+    assert re.search(r"\| yacht † \| concrete-tau \| .* \| 0\.43 \| [0-9.]+ \|", md)
     assert re.search(r"yacht / concrete-tau: tau factor: median [0-9.e+-]+, range", md)
     label = uci.commit_label(unit)
     assert f"- yacht / concrete: {label} (splits 0-1)" in md.split("## Code versions")[1]
