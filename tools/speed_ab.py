@@ -1,9 +1,9 @@
 """A/B timing of two checkouts on the rows of the speed benchmark that moved, one fresh
 process per measurement (used for docs/benchmarks/speed.md: between-process noise vs code).
 
-    git worktree add --detach /tmp/a <old> && git worktree add --detach /tmp/b <new>
+    git worktree add --detach ../speed-a <old> && git worktree add --detach ../speed-b <new>
     for i in 1 2 3; do for c in a b; do
-        PYTHONPATH=/tmp/$c python tools/speed_ab.py --rounds 7; done; done
+        PYTHONPATH=../speed-$c python tools/speed_ab.py --rounds 7; done; done
 
 Prints the W1 default-predict ratio and the W2 variational-dropout JIT step ratio of the
 checkout on ``PYTHONPATH`` (same functions and baselines as

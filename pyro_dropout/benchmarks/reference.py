@@ -481,12 +481,25 @@ def _write(args, results, cfg, start, argv):
         args.json.write_text(json.dumps(_saved(args, results, cfg, start, argv), indent=1))
 
 
+#: Options naming where the results go: they do not change a number, and the page shows
+#: their file names only (an absolute path would name one machine's folders).
+_OUTPUT_OPTIONS = ("--json", "--markdown", "--page")
+
+
+def _command(argv):
+    """The invocation as recorded on the page, output paths reduced to their file names."""
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg in _OUTPUT_OPTIONS:
+            argv[i + 1] = Path(argv[i + 1]).name
+    return " ".join(["python -m pyro_dropout.benchmarks.reference", *argv])
+
+
 def _saved(args, results, cfg, start, argv):
     from .uci import _git_state
 
     meta = {
-        "command": "python -m pyro_dropout.benchmarks.reference "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": _command(sys.argv[1:] if argv is None else argv),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "pyro": pyro.__version__,

@@ -59,6 +59,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     assert [r["problem"] for r in again] == list(reference.PROBLEMS)
     text = page.read_text()
     assert text.startswith("# Closest to the posterior") and "--quick" in text
+    assert str(tmp_path) not in text and "--json reference.json" in text  # no machine paths
     assert "## Do the cheap diagnostics rank the fits like the reference?" in text
     assert all(f"| {p} | " in text for p in reference.PROBLEMS)
 
