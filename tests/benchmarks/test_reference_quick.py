@@ -14,7 +14,7 @@ UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 
 
 def test_quick_mode_writes_json_and_markdown(tmp_path):
-    if not (UCI_DIR / "yacht" / "data.txt").is_file():
+    if not (UCI_DIR / reference.UCI_PROBLEM / "data.txt").is_file():
         pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
     out, md = tmp_path / "reference.json", tmp_path / "reference.md"
     argv = ["--quick", "--data-dir", str(UCI_DIR), "--json", str(out), "--markdown", str(md)]
@@ -107,4 +107,18 @@ def test_rank_agreement_by_hand():
 def test_unknown_problem_is_reported(capsys):
     with pytest.raises(SystemExit):
         reference.main(["--quick", "--problems", "gap1d,mnist"])
-    assert "unknown problem 'mnist'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown problem 'mnist'" in err and "yacht" in err  # every UCI set is a problem
+    with pytest.raises(ValueError, match="unknown problem 'mnist'"):
+        reference.load_problem("mnist", reference.SETTINGS["quick"], 0, UCI_DIR)
+
+
+@pytest.mark.parametrize("name", ["yacht", "bostonHousing"])
+def test_any_uci_set_is_a_problem(name):
+    # the same protocol as the default UCI problem: split 0, standardised, rows subsampled
+    cfg = reference.SETTINGS["quick"]
+    model, x, y, xt, yt = reference.load_problem(name, cfg, 0, UCI_DIR)
+    assert x.shape[0] == y.shape[0] == cfg["max_train"]
+    assert xt.shape[0] == yt.shape[0] == cfg["max_test"]
+    assert x.shape[1] == xt.shape[1] == model.net.layers[0].in_features
+    assert abs(float(x.mean())) < 1.0 and y.dtype == x.dtype  # standardised floats
