@@ -41,6 +41,7 @@ from .. import (
     weight_draws,
 )
 from ..infer import MeanFieldELBO, fused_adam
+from ._provenance import git_state
 
 GUIDES = {
     "AutoDropout": lambda m: AutoDropout(m, dropout_rate=0.2, scale=0.01),
@@ -191,6 +192,7 @@ def main(argv=None):
         "pyro": pyro.__version__,
         "machine": platform.machine(),
         "quick": args.quick,
+        "code": git_state(),
     }
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))

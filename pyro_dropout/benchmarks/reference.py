@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 import warnings
@@ -66,6 +65,7 @@ from ..diagnostics import (
     to_inference_data,
 )
 from ..diagnostics import _reader as rd
+from ._provenance import git_state, versions
 
 #: The UCI regression set of the default run (see ``_uci``).
 UCI_PROBLEM = "wine-quality-red"
@@ -504,18 +504,13 @@ def _command(argv):
 
 
 def _saved(args, results, cfg, start, argv):
-    from .uci import _git_state
-
     meta = {
         "command": _command(sys.argv[1:] if argv is None else argv),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "machine": platform.machine(),
+        **versions(),
         "quick": args.quick,
         "settings": cfg,
         "total_wall_s": time.perf_counter() - start,
-        "code": _git_state(),
+        "code": git_state(),
     }
     return {"meta": meta, "results": results}
 

@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import AutoDropout, BayesianMLP, fit
+from ._provenance import git_state
 
 FEATURES = 8
 HIDDEN = (64, 64)
@@ -248,6 +249,7 @@ def run(quick=False, rows=1_000_000, small_rows=100_000, batch=1024, seed=0):
             for name in ("fit", "trainer-1")
         ]
     return {
+        "code": git_state(),
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,

@@ -39,6 +39,7 @@ from .. import (
     predict,
 )
 from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
+from ._provenance import git_state
 
 WORKLOADS = {
     "W1": dict(sizes=(8, 50, 1), batch=32, p=0.1, task="regression", n_data=1000),
@@ -214,6 +215,7 @@ def run(quick=False, rounds=None, seed=0):
             "torch": torch.__version__,
             "pyro": pyro.__version__,
         },
+        "code": git_state(),
         "results": results,
         "targets": {f"{k[0]}/{k[1]}": v for k, v in TARGETS.items()},
     }

@@ -137,9 +137,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import zlib
@@ -147,11 +145,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import pyro
 import torch
 
 from ..datasets import UCI_DATASETS, load_uci
 from . import uci_model as um
+from ._provenance import git_state, versions
 from .uci_published import PUBLISHED, PUBLISHED_COLUMNS
 
 __all__ = ["main", "run", "estimate", "summarize", "markdown", "FULL_MC_SAMPLES"]
@@ -185,40 +183,11 @@ def _read_json(path):
 
 
 def _versions():
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(),
-    }
+    return {**versions(), "torch_threads": torch.get_num_threads()}
 
 
 #: How the report labels units written before commits were recorded.
 UNRECORDED_COMMIT = "≤ 36cc829"
-
-
-def _git_state():
-    """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout holding this package
-    (None when it is not a git checkout, e.g. an installed wheel, or git is missing)."""
-    root = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
-        )
-        if head.returncode != 0:
-            return {"commit": None, "dirty": None}
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": head.stdout.strip(), "dirty": dirty}
 
 
 def commit_label(record):
@@ -438,7 +407,7 @@ def _validation_phase(ds, guide, splits, settings, out, args):
             **({"tau_calibration": calibration} if calibration else {}),
             "phase": phase,
             "wall_s_share": share,
-            "code": _git_state(),
+            "code": git_state(),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.val.json", rec)
         records[k] = rec
@@ -503,7 +472,7 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
             ),
             "wall_s": val["wall_s_share"] + share,
             "versions": _versions(),
-            "code": _git_state(),
+            "code": git_state(),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.json", rec)

@@ -10,6 +10,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     out, md = tmp_path / "estimators.json", tmp_path / "estimators.md"
     results = estimators.main(["--quick", "--json", str(out), "--markdown", str(md)])
     saved = json.loads(out.read_text())["results"]
+    assert len(json.loads(out.read_text())["meta"]["code"]["commit"]) == 40
     assert len(saved) == len(results) == len(estimators.WORKLOADS) * len(estimators.GUIDES)
     for row in saved:
         expected = {e for e in estimators.ESTIMATORS if estimators.applies(row["guide"], e)}

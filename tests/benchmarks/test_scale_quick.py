@@ -28,6 +28,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     out, md = tmp_path / "scale.json", tmp_path / "scale.md"
     report = scale.main(["--quick", "--json", str(out), "--markdown", str(md)])
     saved = json.loads(out.read_text())
+    assert len(saved["code"]["commit"]) == 40  # which code produced the numbers
     assert [r["config"] for r in saved["results"]] == ["fit", "trainer-1"]
     for r in report["results"]:
         assert r["examples_per_s"] > 0 and r["ratio_to_plain"] > 0

@@ -9,6 +9,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     out, md = tmp_path / "speed.json", tmp_path / "speed.md"
     report = speed.main(["--quick", "--rounds", "1", "--json", str(out), "--markdown", str(md)])
     saved = json.loads(out.read_text())
+    assert len(saved["code"]["commit"]) == 40  # which code produced the numbers
     assert set(saved["results"]) == {"W1", "W2"}
     for w in ("W1", "W2"):
         ratios = report["results"][w]["ratios"]

@@ -1,0 +1,45 @@
+"""Which code and which software produced a benchmark's numbers, recorded in its JSON so that a
+committed page can say what it measured (one helper for every benchmark)."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+import pyro
+import torch
+
+
+def git_state():
+    """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout holding this package
+    (None when it is not a git checkout, e.g. an installed wheel, or git is missing)."""
+    root = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+        )
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"commit": head.stdout.strip(), "dirty": dirty}
+
+
+def versions():
+    """Python, torch and Pyro versions and the machine (architecture, platform string)."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "pyro": pyro.__version__,
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,35 @@
+"""Every benchmark records the code and software behind its numbers (benchmarks/_provenance)."""
+
+import re
+import subprocess
+
+from pyro_dropout.benchmarks import _provenance
+
+
+def test_git_state_names_this_checkout():
+    state = _provenance.git_state()
+    assert re.fullmatch(r"[0-9a-f]{40}", state["commit"])
+    assert state["dirty"] in (True, False)
+
+
+def test_git_state_outside_git_is_none(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert _provenance.git_state() == {"commit": None, "dirty": None}
+
+    def not_a_repo(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
+
+    monkeypatch.setattr(subprocess, "run", not_a_repo)
+    assert _provenance.git_state() == {"commit": None, "dirty": None}
+
+
+def test_versions_names_the_software():
+    import pyro
+    import torch
+
+    v = _provenance.versions()
+    assert v["torch"] == torch.__version__ and v["pyro"] == pyro.__version__
+    assert set(v) == {"python", "torch", "pyro", "machine", "platform"}
