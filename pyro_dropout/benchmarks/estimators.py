@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from .. import (
     weight_draws,
 )
 from ..infer import MeanFieldELBO, fused_adam
-from ._provenance import git_state
+from ._provenance import git_state, versions
 
 GUIDES = {
     "AutoDropout": lambda m: AutoDropout(m, dropout_rate=0.2, scale=0.01),
@@ -187,10 +186,7 @@ def main(argv=None):
     table = markdown(results)
     print(table)
     meta = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "machine": platform.machine(),
+        **versions(),
         "quick": args.quick,
         "code": git_state(),
     }

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import socket
 import subprocess
@@ -39,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .. import AutoDropout, BayesianMLP, fit
-from ._provenance import git_state
+from ._provenance import git_state, versions
 
 FEATURES = 8
 HIDDEN = (64, 64)
@@ -250,13 +249,7 @@ def run(quick=False, rows=1_000_000, small_rows=100_000, batch=1024, seed=0):
         ]
     return {
         "code": git_state(),
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "pyro": pyro.__version__,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": {**versions(), "cpus": os.cpu_count()},
         "settings": {
             "rows": rows,
             "batch": batch,

@@ -39,7 +39,7 @@ from .. import (
     predict,
 )
 from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
-from ._provenance import git_state
+from ._provenance import git_state, versions
 
 WORKLOADS = {
     "W1": dict(sizes=(8, 50, 1), batch=32, p=0.1, task="regression", n_data=1000),
@@ -208,13 +208,7 @@ def run(quick=False, rounds=None, seed=0):
             "predict_samples": pred_samples,
             "torch_threads": torch.get_num_threads(),
         },
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "pyro": pyro.__version__,
-        },
+        "machine": {**versions(), "processor": platform.processor()},
         "code": git_state(),
         "results": results,
         "targets": {f"{k[0]}/{k[1]}": v for k, v in TARGETS.items()},
