@@ -105,7 +105,10 @@ class BayesianModule(L.LightningModule):
     :param optimizer: instead of Adam, a callable ``params -> torch.optim.Optimizer``.
     :param bool local_reparameterization: as in :func:`~pyro_dropout.fit`.
     :param estimator: as in :func:`~pyro_dropout.fit`.
-    :param bool jit: use :class:`~pyro_dropout.infer.JitMeanFieldELBO`.
+    :param jit: as in :func:`~pyro_dropout.fit`: ``"auto"`` (default) compiles the loss
+        (:class:`~pyro_dropout.infer.JitMeanFieldELBO`) and trains eagerly, with one
+        :class:`~pyro_dropout.infer.CompilationWarning`, where it cannot; ``True`` compiles or
+        raises; ``False`` is eager.
     :param int num_particles: ELBO particles per step.
     :param bool vectorize_particles: as in Pyro's ELBOs.
     :param int seed: base seed; rank ``r`` uses ``rank_seed(seed, r)`` (module docs).
@@ -137,7 +140,7 @@ class BayesianModule(L.LightningModule):
         optimizer=None,
         local_reparameterization=True,
         estimator="auto",
-        jit=False,
+        jit="auto",
         num_particles=1,
         vectorize_particles=False,
         seed=None,
@@ -154,6 +157,8 @@ class BayesianModule(L.LightningModule):
                 )
         if validate not in ("first", "always", "never"):
             raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
+        if jit not in (True, False, "auto"):
+            raise ValueError(f"jit must be True, False or 'auto', got {jit!r}")
         if num_data is not None and int(num_data) < 1:
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
         self.model = model

@@ -1,12 +1,14 @@
 """Fitting (plain Pyro SVI) and Monte-Carlo prediction."""
 
-from .elbo import JitMeanFieldELBO, MeanFieldELBO
+from .compiled import CompilationWarning, JitMeanFieldELBO
+from .elbo import MeanFieldELBO
 from .fit import fit
 from .optim import FusedOptim, fused_adam
 from .predict import Prediction, predict
 from .tau import gal_tau, gal_weight_decay, prior_scale_from_length_scale
 
 __all__ = [
+    "CompilationWarning",
     "JitMeanFieldELBO",
     "FusedOptim",
     "MeanFieldELBO",

@@ -11,22 +11,17 @@ and for latent sites without an analytic KL (Monte-Carlo fallback, exactly as Py
 returns the same loss and gradients as ``TraceMeanField_ELBO``.
 """
 
-import warnings
-import weakref
-
-import pyro.ops.jit
 import torch
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
-from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 from torch.distributions import kl_divergence
 
-__all__ = ["JitMeanFieldELBO", "MeanFieldELBO"]
+__all__ = ["MeanFieldELBO"]
 
 
 def _analytic_kl(guide_site, model_site):
@@ -92,6 +87,22 @@ class MeanFieldELBO(TraceMeanField_ELBO):
             _check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
 
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        """The negative ELBO estimate as a differentiable tensor (the value of Pyro's
+        ``TraceMeanField_ELBO.differentiable_loss``). Pyro's version returns
+        ``loss + (surrogate - surrogate.item())``: a host sync per step, and under a JIT trace the
+        ``item()`` is baked into the graph as a constant that changes with every trace (so two
+        traces of one path would not compare equal). Every site here is reparameterised, so the
+        surrogate is the loss itself."""
+        loss = 0.0
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            data, kl = self._elbo_terms_particle(model_trace, guide_trace)
+            loss = loss + (kl - data) / self.num_particles
+        loss = torch.as_tensor(loss)
+        if not torch._C._get_tracing_state():  # a traced bool would be baked in, see above
+            warn_if_nan(loss, "loss")
+        return loss
+
     def _differentiable_loss_particle(self, model_trace, guide_trace):
         data, kl = self._elbo_terms_particle(model_trace, guide_trace)
         elbo = data - kl
@@ -152,94 +163,3 @@ class MeanFieldELBO(TraceMeanField_ELBO):
         loss = kl - data
         warn_if_nan(torch_item(loss), "loss")
         return loss, data, kl
-
-
-def _signature(value):
-    """Hashable description of one argument: tensors by shape, dtype and device (a trace
-    bakes shapes into the graph), other values by themselves."""
-    if torch.is_tensor(value):
-        return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.device.index)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(
-        f"JitMeanFieldELBO: cannot compile for an argument of type {type(value).__name__}; "
-        "pass tensors, numbers, strings or None (or use MeanFieldELBO)"
-    )
-
-
-class JitMeanFieldELBO(MeanFieldELBO):
-    """:class:`MeanFieldELBO` compiled with Pyro's JIT (:func:`pyro.ops.jit.trace`, i.e.
-    TorchScript tracing): after the first step of each input signature, a step runs the
-    traced graph without Pyro's Python-level effect handling (about 2× faster on small
-    networks; see ``docs/benchmarks/speed.md``).
-
-    Why not Pyro's ``JitTraceMeanField_ELBO``: in Pyro 1.9 it re-creates its compiled
-    function on every call (it caches under a different attribute name than it tests), so it
-    retraces each step (measured 55 ms per step instead of 1.2 ms), and its cache ignores the
-    shapes of tensor arguments, which a trace bakes in (a smaller last minibatch would reuse
-    the wrong graph). Here one trace is kept per (model, guide, argument shapes/dtypes/devices,
-    non-tensor arguments, active Pyro handlers) and reused.
-
-    Requirements (as for any Pyro JIT ELBO): the model and guide have a static structure for a
-    given signature, tensor inputs are passed as arguments, and nothing else they read changes
-    between steps except Pyro parameters (e.g. a fixed likelihood precision is baked into the
-    graph; build a new ELBO after changing it). Argument validation runs once, while tracing.
-    ``torch.jit.trace`` is deprecated from torch 2.14 (it still works; its ``FutureWarning`` is
-    silenced here).
-    """
-
-    def __init__(self, *args, ignore_jit_warnings=True, jit_options=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.ignore_jit_warnings = ignore_jit_warnings
-        self.jit_options = jit_options
-        self._compiled = {}
-
-    def _compiled_loss(self, model, guide, args, kwargs, terms=False):
-        key = (
-            terms,
-            id(model),
-            id(guide),
-            tuple(_signature(a) for a in args),
-            tuple(sorted((k, _signature(v)) for k, v in kwargs.items())),
-            tuple(getattr(m, "jit_key", type(m)) for m in _PYRO_STACK),
-            # e.g. AutoConcreteDropout: relaxed masks in training, hard ones under no_grad
-            getattr(guide, "jit_key", None),
-        )
-        fn = self._compiled.get(key)
-        if fn is None:
-            weakself = weakref.ref(self)
-
-            # One traced graph per output: the loss alone, or (loss, data, kl) for logging.
-            method = MeanFieldELBO.loss_terms if terms else MeanFieldELBO.differentiable_loss
-
-            def loss(*args, **kwargs):
-                return method(weakself(), model, guide, *args, **kwargs)
-
-            fn = pyro.ops.jit.trace(
-                loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
-            )
-            self._compiled[key] = fn
-        return fn
-
-    def differentiable_loss(self, model, guide, *args, **kwargs):
-        fn = self._compiled_loss(model, guide, args, kwargs)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
-            return fn(*args, **kwargs)
-
-    def loss_terms(self, model, guide, *args, **kwargs):
-        fn = self._compiled_loss(model, guide, args, kwargs, terms=True)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
-            return fn(*args, **kwargs)
-
-    def loss(self, model, guide, *args, **kwargs):
-        with torch.no_grad():
-            return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
-
-    def loss_and_grads(self, model, guide, *args, **kwargs):
-        loss = self.differentiable_loss(model, guide, *args, **kwargs)
-        loss.backward()
-        loss = torch_item(loss)
-        warn_if_nan(loss, "loss")
-        return loss

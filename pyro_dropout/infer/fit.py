@@ -13,8 +13,9 @@ from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
+from .compiled import CompilationWarning, JitMeanFieldELBO
 from .data import as_model_input, check_rows
-from .elbo import JitMeanFieldELBO, MeanFieldELBO
+from .elbo import MeanFieldELBO
 from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
 
@@ -33,7 +34,7 @@ def fit(
     lr=1e-3,
     local_reparameterization=True,
     estimator="auto",
-    jit=False,
+    jit="auto",
     validate="first",
     num_particles=1,
     vectorize_particles=False,
@@ -78,9 +79,13 @@ def fit(
     :param estimator: with local reparameterisation, how each layer is sampled per example:
         ``"auto"`` (exact LRT for Linear layers; Flipout, or one weight per example for MC
         dropout, for convolutions), ``"lrt"``, ``"flipout"`` or ``"per_example"``.
-    :param bool jit: compile the loss with Pyro's JIT
-        (:class:`~pyro_dropout.infer.JitMeanFieldELBO`): about 2× faster steps on small
-        networks, for models whose structure is static (one trace per minibatch shape).
+    :param jit: compile the loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`, Pyro's JIT:
+        one checked trace per minibatch shape; 2–3× faster steps on small networks, see
+        ``docs/benchmarks/speed.md``). ``"auto"`` (default): compile, and where the model
+        cannot be compiled (a trace fails, the traced graph changes with the data, a model
+        that subsamples its own plate) train eagerly with one
+        :class:`~pyro_dropout.infer.CompilationWarning` that says why; ``True``: compile or
+        raise; ``False``: eager (Pyro's Python effect handling at every step).
     :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
         globally, as by default): ``"first"`` runs them on the first step of each minibatch
         shape and skips them afterwards (they cost ~20 % of a small network's step and
@@ -127,6 +132,8 @@ def fit(
         pyro.set_rng_seed(seed)
     if num_data is not None:
         positive_int(num_data, "num_data")
+    if jit not in (True, False, "auto"):
+        raise ValueError(f"jit must be True, False or 'auto', got {jit!r}")
     if devices is not None:
         return _fit_on_devices(**locals())
     batches = _batches(model, guide, x, y, batch_size, jit, num_data)
@@ -137,6 +144,14 @@ def fit(
         )
     total = num_steps if num_steps is not None else num_epochs * batches.steps_per_epoch
     optim = optim if optim is not None else fused_adam({"lr": lr})
+    if jit == "auto" and batches.jit_blocker is not None:
+        warnings.warn(
+            f"fit: the loss is not compiled ({batches.jit_blocker}); training eagerly: the same "
+            "loss, slower steps. Pass jit=False to train eagerly without this warning.",
+            CompilationWarning,
+            stacklevel=2,
+        )
+        jit = False
     elbo = make_elbo(model, jit, num_particles, vectorize_particles)
     svi = SVI(model, guide, optim, elbo)
     validating = validate != "never" and is_validation_enabled()
@@ -172,14 +187,19 @@ def fit(
     return losses
 
 
-def make_elbo(model, jit=False, num_particles=1, vectorize_particles=False):
-    """The ELBO ``fit`` trains with: :class:`MeanFieldELBO` (or its JIT version), with the
-    model's ``max_plate_nesting`` when it declares one (Pyro guesses it otherwise)."""
-    return (JitMeanFieldELBO if jit else MeanFieldELBO)(
+def make_elbo(model, jit="auto", num_particles=1, vectorize_particles=False):
+    """The ELBO ``fit`` trains with: :class:`MeanFieldELBO`, compiled
+    (:class:`JitMeanFieldELBO`) unless ``jit=False``, eager with a warning where it cannot be
+    compiled if ``jit="auto"``; with the model's ``max_plate_nesting`` when it declares one
+    (Pyro guesses it otherwise)."""
+    kwargs = dict(
         num_particles=num_particles,
         vectorize_particles=vectorize_particles,
         max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
     )
+    if not jit:
+        return MeanFieldELBO(**kwargs)
+    return JitMeanFieldELBO(fallback=jit == "auto", **kwargs)
 
 
 _FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it

@@ -163,6 +163,8 @@ class InMemoryBatches:
         self.probe = probe
         check_support(y, probe)
         self.plate = None
+        #: Why the loss of this source cannot be compiled (None: it can).
+        self.jit_blocker = None
         if probe.plates:
             if len(probe.plates) > 1:
                 raise ValueError(
@@ -176,12 +178,16 @@ class InMemoryBatches:
                     f"fit: batch_size={batch_size} but the model's plate {name!r} subsamples "
                     f"{b} rows (subsample_size={b}); pass batch_size=None (or {b})"
                 )
-            if jit:
+            if jit is True:
                 raise ValueError(
                     f"fit: jit=True cannot be used with the subsampled plate {name!r}: the "
                     "compiled loss would keep the first minibatch's indices. Use jit=False, or "
                     "give the model num_data and let fit pass minibatches"
                 )
+            self.jit_blocker = (
+                f"the model subsamples its own plate {name!r}: a compiled loss would keep the "
+                "first minibatch's indices; give the model num_data to compile it"
+            )
             self.plate = (name, size, b)
             self.mode = "plate"
             self.batch_size = b
@@ -286,6 +292,7 @@ class LoaderBatches:
         if self.steps_per_epoch == 0:
             raise ValueError("fit: the DataLoader yields no batches")
         self.num_data = accepts_num_data(model)
+        self.jit_blocker = None  # a loader's model may not subsample its own plate
         self._it = None
         self._seen = 0
         self._first_epoch = True

@@ -128,7 +128,8 @@ def test_minibatches_cover_each_epoch_and_pass_num_data():
         seen.append((x_batch.clone(), num_data))
         return model(x_batch, y_batch, num_data=num_data)
 
-    fit(spy, guide, x, y, num_epochs=2, batch_size=16, progress=False, seed=0)
+    # eager: a compiled loss runs the model only while tracing, so the spy would not see it
+    fit(spy, guide, x, y, num_epochs=2, batch_size=16, progress=False, seed=0, jit=False)
     calls = [(xb, n) for xb, n in seen if n is not None]
     assert len(calls) == 6 and all(n == 40 for _, n in calls)
     for epoch in range(2):
@@ -270,6 +271,7 @@ def test_validation_runs_on_the_first_step_of_each_shape(validate, expected):
         batch_size=16,
         validate=validate,
         progress=False,
+        jit=False,  # eager: one model run per step (a compiled loss runs it only while tracing)
     )
     # the last six model runs are the six steps (the guide's set-up ran the model once more)
     assert flags[-6:] == expected

@@ -49,7 +49,8 @@ def test_dataset_size_scales_and_epochs_count_loader_steps():
     model = Spy()
     guide = pd.AutoDropout(model, dropout_rate=0.1)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
-    losses = pd.fit(model, guide, loader, num_epochs=3, progress=False, seed=0)
+    # eager: the spy records every step (a compiled loss runs the model only while tracing)
+    losses = pd.fit(model, guide, loader, num_epochs=3, progress=False, seed=0, jit=False)
     assert len(losses) == 3 * math.ceil(40 / 16)  # the last, smaller batch is a step too
     steps = [s for s in model.seen if s[1] is not None]
     assert steps and all(num_data == 40 for _, num_data in steps)
@@ -80,7 +81,9 @@ def test_stream_restarts_when_exhausted():
     model = Spy()
     guide = pd.AutoDropout(model, dropout_rate=0.1)
     loader = DataLoader(Stream(20), batch_size=8)  # 8, 8, 4 rows per pass
-    losses = pd.fit(model, guide, loader, num_data=20, num_steps=7, progress=False, seed=0)
+    losses = pd.fit(
+        model, guide, loader, num_data=20, num_steps=7, progress=False, seed=0, jit=False
+    )
     assert len(losses) == 7 and all(math.isfinite(v) for v in losses)
     steps = [s for s in model.seen if s[1] is not None]
     assert all(n == 20 for _, n in steps)

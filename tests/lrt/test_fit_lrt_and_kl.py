@@ -71,6 +71,7 @@ def test_fit_routes_every_layer_through_the_lrt_messenger(guide_name, lrt, vecto
             vectorize_particles=vectorize,
             progress=False,
             seed=0,
+            jit=False,  # eager: the spy counts the messages of every step's model run
         )
     assert len(losses) == steps and all(math.isfinite(v) for v in losses)
     # Two Bayesian layers, one model run per step (vectorised), or one per particle.

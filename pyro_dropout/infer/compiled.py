@@ -1,0 +1,218 @@
+"""``MeanFieldELBO`` compiled with Pyro's JIT, checked, and eager where it cannot be compiled.
+
+Why TorchScript tracing (``pyro.ops.jit.trace``) and not ``torch.compile``: measured on the
+speed benchmark's W1 network (8-50-1, batch 32, one CPU thread, torch 2.13), ``torch.compile``
+of the loss took 47 s to compile and split it into 21 graphs (Dynamo breaks on Pyro's effect
+handlers: ``TypedDict`` messages, ``.item()``), while a trace takes well under a second and runs
+a step in one graph (``docs/benchmarks/speed.md``).
+"""
+
+import warnings
+import weakref
+
+import pyro.ops.jit
+import torch
+from pyro.infer.util import torch_item
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.util import warn_if_nan
+
+from .elbo import MeanFieldELBO
+
+__all__ = ["CompilationWarning", "JitMeanFieldELBO"]
+
+#: Distinct input signatures compiled before a ``fallback`` ELBO stops compiling: inputs whose
+#: shape changes at (nearly) every step would pay a trace each time.
+MAX_SIGNATURES = 16
+
+
+class CompilationWarning(UserWarning):
+    """The loss could not be compiled (or its trace depends on the data) and runs eagerly."""
+
+
+class _Eager(Exception):
+    """Internal: this signature runs eagerly (the reason is in the message)."""
+
+
+def _signature(value):
+    """Hashable description of one argument: tensors by shape, dtype and device (a trace
+    bakes shapes into the graph), other values by themselves."""
+    if torch.is_tensor(value):
+        return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.device.index)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(
+        f"JitMeanFieldELBO: cannot compile for an argument of type {type(value).__name__}; "
+        "pass tensors, numbers, strings or None (or use MeanFieldELBO)"
+    )
+
+
+def _cuda_devices(args, kwargs):
+    """CUDA devices of the tensor arguments (whose random streams a trace must not move)."""
+    values = list(args) + list(kwargs.values())
+    return sorted({v.device.index or 0 for v in values if torch.is_tensor(v) and v.is_cuda})
+
+
+def _graph_text(fn):
+    """The ops of a Pyro-compiled function's TorchScript graph, without source locations."""
+    (script,) = fn.compiled.values()
+    return script.graph.str(False)
+
+
+class JitMeanFieldELBO(MeanFieldELBO):
+    r""":class:`MeanFieldELBO` compiled with Pyro's JIT (:func:`pyro.ops.jit.trace`, i.e.
+    TorchScript tracing): after the first steps of each input signature, a step runs one traced
+    graph without Pyro's Python-level effect handling (2–3× faster steps on small networks; see
+    ``docs/benchmarks/speed.md``). ``fit`` trains with it by default.
+
+    **Checked.** A trace records the operations of one call; Python control flow that depends
+    on the data or on random draws (``if x.mean() > 0``, a value read with ``.item()``) would be
+    frozen into it. So each signature is traced twice, on its first two calls (normally two
+    different minibatches), and the two graphs must be identical (the ops, shapes and constants;
+    source locations aside). A model whose graph changes is data dependent: with
+    ``fallback=True`` it then runs eagerly from that step on, with one
+    :class:`CompilationWarning` that says why; otherwise a ``RuntimeError`` says so. The check
+    cannot see a branch that takes the same side on both minibatches, nor Python side effects
+    (e.g. a model appending to a list, or reading a global that changes between steps).
+
+    **Fallback.** With ``fallback=True`` (``fit``'s default ``jit="auto"``), a model that cannot
+    be traced at all (an argument of another type, an op TorchScript cannot record, a model
+    whose trace changes), or whose inputs take more than :data:`MAX_SIGNATURES` shapes, runs
+    eagerly with one :class:`CompilationWarning` naming the reason: the same loss, slower steps.
+    With ``fallback=False`` (``jit=True``) these are errors.
+
+    Why not Pyro's ``JitTraceMeanField_ELBO``: in Pyro 1.9 it re-creates its compiled function on
+    every call (it caches under a different attribute name than it tests), so it retraces each
+    step (measured 55 ms per step instead of 1.2 ms), and its cache ignores the shapes of tensor
+    arguments, which a trace bakes in (a smaller last minibatch would reuse the wrong graph).
+    Here one trace is kept per (model, guide, argument shapes/dtypes/devices, non-tensor
+    arguments, active Pyro handlers) and reused.
+
+    Requirements (as for any Pyro JIT ELBO): tensor inputs are passed as arguments, and nothing
+    else the model and guide read changes between steps except Pyro parameters (e.g. a fixed
+    likelihood precision is baked into the graph; build a new ELBO after changing it). Argument
+    validation runs on the first, eager call of each signature. ``torch.jit.trace`` is
+    deprecated from torch 2.14 (it still works; its ``FutureWarning`` is silenced here).
+    """
+
+    def __init__(self, *args, ignore_jit_warnings=True, jit_options=None, fallback=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ignore_jit_warnings = ignore_jit_warnings
+        self.jit_options = jit_options
+        self.fallback = fallback
+        #: Why this ELBO runs eagerly (``None`` while it compiles).
+        self.eager_reason = None
+        self._compiled = {}  # key -> [compiled function, number of calls]
+
+    # -- compilation ------------------------------------------------------------------------
+    def _key(self, model, guide, args, kwargs, terms):
+        return (
+            terms,
+            torch.is_grad_enabled(),  # a trace under no_grad records no gradient graph
+            id(model),
+            id(guide),
+            tuple(_signature(a) for a in args),
+            tuple(sorted((k, _signature(v)) for k, v in kwargs.items())),
+            tuple(getattr(m, "jit_key", type(m)) for m in _PYRO_STACK),
+            # e.g. AutoConcreteDropout: relaxed masks in training, hard ones under no_grad
+            getattr(guide, "jit_key", None),
+        )
+
+    def _trace(self, model, guide, terms):
+        weakself = weakref.ref(self)
+        # One traced graph per output: the loss alone, or (loss, data, kl) for logging.
+        method = MeanFieldELBO.loss_terms if terms else MeanFieldELBO.differentiable_loss
+
+        def loss(*args, **kwargs):
+            return method(weakself(), model, guide, *args, **kwargs)
+
+        return pyro.ops.jit.trace(
+            loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
+        )
+
+    def _run(self, model, guide, args, kwargs, terms):
+        """The compiled call (tracing on the first two calls of a signature, see the class
+        docs); raises :class:`_Eager` where this call has to run eagerly."""
+        try:
+            key = self._key(model, guide, args, kwargs, terms)
+        except TypeError as err:
+            if not self.fallback:
+                raise
+            raise _Eager(str(err).replace("JitMeanFieldELBO: cannot", "cannot")) from None
+        entry = self._compiled.get(key)
+        if entry is None and self.fallback and len(self._compiled) >= MAX_SIGNATURES:
+            raise _Eager(
+                f"the inputs took more than {MAX_SIGNATURES} shapes (each needs its own trace); "
+                "pad or drop the last minibatch to keep one shape"
+            )
+        calls = 0 if entry is None else entry[1]
+        if calls < 2:  # trace (again): the second trace checks the first
+            fn = self._trace(model, guide, terms)
+            try:
+                # Tracing runs the model and guide eagerly (twice, in Pyro's JIT) and leaves the
+                # random stream untouched, so that every step draws exactly what its graph
+                # draws: a run resumed from a checkpoint repeats the uninterrupted one.
+                with torch.random.fork_rng(devices=_cuda_devices(args, kwargs)):
+                    self._call(fn, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - any tracing failure: run eagerly instead
+                if not self.fallback:
+                    raise
+                raise _Eager(f"tracing failed with {type(err).__name__}: {err}") from err
+            if entry is not None and _graph_text(fn) != _graph_text(entry[0]):
+                msg = (
+                    "the traced graph differs between two minibatches of the same shape: the "
+                    "model or guide has Python control flow or constants that depend on the "
+                    "data or on random draws (e.g. `if x.mean() > 0`, `.item()`)"
+                )
+                if not self.fallback:
+                    raise RuntimeError(f"JitMeanFieldELBO: {msg}; use jit=False")
+                raise _Eager(msg)
+            self._compiled[key] = entry = [fn, calls + 1]
+        else:
+            entry[1] += 1
+        return self._call(entry[0], args, kwargs)
+
+    @staticmethod
+    def _call(fn, args, kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
+            return fn(*args, **kwargs)
+
+    def _eager(self, reason):
+        self.eager_reason = reason
+        self._compiled.clear()
+        warnings.warn(
+            f"pyro_dropout: the loss is not compiled ({reason}); training continues eagerly: the "
+            "same loss, slower steps. Pass jit=False to train eagerly without this warning.",
+            CompilationWarning,
+            stacklevel=4,
+        )
+
+    def _dispatch(self, model, guide, args, kwargs, terms):
+        method = MeanFieldELBO.loss_terms if terms else MeanFieldELBO.differentiable_loss
+        if self.eager_reason is None:
+            try:
+                return self._run(model, guide, args, kwargs, terms)
+            except _Eager as reason:
+                # Eager first: a model that fails eagerly too raises its own error, unwarned.
+                out = method(self, model, guide, *args, **kwargs)
+                self._eager(str(reason))
+                return out
+        return method(self, model, guide, *args, **kwargs)
+
+    # -- the ELBO interface -----------------------------------------------------------------
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        return self._dispatch(model, guide, args, kwargs, terms=False)
+
+    def loss_terms(self, model, guide, *args, **kwargs):
+        return self._dispatch(model, guide, args, kwargs, terms=True)
+
+    def loss(self, model, guide, *args, **kwargs):
+        with torch.no_grad():
+            return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
+
+    def loss_and_grads(self, model, guide, *args, **kwargs):
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        loss = torch_item(loss)
+        warn_if_nan(loss, "loss")
+        return loss
