@@ -1,36 +1,52 @@
-"""Training-step and prediction cost against a plain PyTorch dropout MLP, in one process.
+"""Training-step and prediction cost against plain PyTorch, in one process, with a profile of
+where a step's time goes and how close it is to the hardware.
 
-    python -m pyro_dropout.benchmarks.speed [--quick] [--json PATH] [--markdown PATH]
+    python -m pyro_dropout.benchmarks.speed [--quick] [--rounds N] [--json PATH] [--markdown PATH]
 
-Workloads (from the project's speed issue):
+Workloads (from the project's speed issues):
 
 * W1: 8-50-1 regression, batch 32, dropout p = 0.1;
 * W2: 784-400-400-10 classification, batch 128, dropout p = 0.5.
 
-For each workload it times one training step (forward + backward + optimiser step) of a plain
-``nn.Dropout`` MLP and of each guide with local reparameterisation through ``pyro.infer.SVI``
-with ``fit``'s defaults (``MeanFieldELBO``, the ``TraceMeanField_ELBO`` estimator, and one fused
-Adam), once eager and once compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``); and
-``predict`` (T = 100 samples, 1,000 points; per-example pre-activations, the default, and weight
-draws, ``local_reparameterization=False``) against a plain-PyTorch loop of T dropout forwards.
-Methods are interleaved in rounds and each is summarised by the median of its per-round times;
-the table reports ratios to the plain baseline of the same workload measured in the same
-rounds, so machine noise largely cancels. Run it on an otherwise idle machine: busy cores make
-torch's threads wait on each other and the ratios meaningless.
+Per workload, interleaved in rounds (each method summarised by the median of its per-round
+times; ratios against baselines measured in the same rounds, so machine noise largely cancels):
+
+* **fit's step** for each of the four guides: ``SVI`` with ``fit``'s defaults under
+  ``local_reparameterization()`` — the compiled loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`,
+  ``jit="auto"``) and one fused Adam — and the same step eager (``jit=False``), against a plain
+  ``nn.Dropout`` MLP step (forward, backward, Adam) of the same sizes;
+* **the Pyro tutorial's BNN** (``PyroModule[nn.Linear]`` layers with ``PyroSample`` weights, the
+  model a Pyro user writes) with fit's step for each guide, against the same plain network;
+* **a Pyro user's own loop**: ``SVI(model, guide, pyro.optim.Adam, TraceMeanField_ELBO())`` on the
+  tutorial model, our guides under ``local_reparameterization()``, against the same loop with
+  Pyro's ``AutoNormal`` and no LRT (what our layer adds to Pyro's own cost);
+* **predict** (T = 100 samples, 1,000 points; per-example pre-activations, the default, and weight
+  draws) against a plain-PyTorch loop of T dropout forwards.
+
+Then, outside the timed rounds: the phases of one step (:mod:`.step_profile`), its matrix-product
+FLOPs, the achieved GFLOP/s and a matmul peak measured in the same process. Run it on an
+otherwise idle machine: busy cores make torch's threads wait on each other and the ratios
+meaningless.
 """
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pyro
+import pyro.distributions as dist
 import torch
-from pyro.infer import SVI
+from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoNormal
+from pyro.nn import PyroModule, PyroSample
 
 from .. import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -38,41 +54,55 @@ from .. import (
     local_reparameterization,
     predict,
 )
-from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
+from ..infer import fused_adam
+from ..infer.fit import make_elbo
+from ..infer.minibatch import ScaleObserved
+from . import step_profile
 from ._provenance import git_state, versions
 
 WORKLOADS = {
     "W1": dict(sizes=(8, 50, 1), batch=32, p=0.1, task="regression", n_data=1000),
     "W2": dict(sizes=(784, 400, 400, 10), batch=128, p=0.5, task="classification", n_data=1000),
 }
-
-#: Label suffix of the steps compiled with ``JitMeanFieldELBO`` (``fit(..., jit=True)``).
-JIT_SUFFIX = " (jit)"
-#: Label suffix of ``predict(..., local_reparameterization=False)``: one weight draw per pass
-#: (dropout masks shared by the points of a pass) instead of per-example pre-activations.
-WEIGHTS_SUFFIX = " (weight draws)"
-
-TARGETS = {  # ratio to the plain nn.Dropout MLP
-    ("AutoDropout", "W1"): 3.0,
-    ("AutoDropout", "W2"): 1.5,
-    ("AutoMeanField", "W1"): 4.5,
-    ("AutoMeanField", "W2"): 2.5,
-    ("AutoVariationalDropout", "W1"): 4.5,
-    ("AutoVariationalDropout", "W2"): 2.5,
-    ("predict", "W1"): 1.0,
-    ("predict", "W2"): 1.0,
+GUIDES = {
+    "AutoDropout": AutoDropout,
+    "AutoConcreteDropout": AutoConcreteDropout,
+    "AutoMeanField": AutoMeanField,
+    "AutoVariationalDropout": AutoVariationalDropout,
 }
+DROPOUT_GUIDES = ("AutoDropout", "AutoConcreteDropout")
+
+#: Ratio keys: ``fit/<guide>`` (fit's default, compiled step), ``eager/<guide>`` (jit=False),
+#: ``tutorial/<guide>`` (the tutorial model with fit's step), ``user-loop/<guide>`` (a plain
+#: Pyro SVI loop, against AutoNormal without LRT), ``predict`` and ``predict (weight draws)``.
+WEIGHTS_SUFFIX = " (weight draws)"
+PLAIN = "plain nn.Dropout step"
+USER_BASELINE = "user SVI loop: AutoNormal, no LRT"
+
+
+def target(kind, guide, workload):
+    """The issue's target ratio for a row (None: no target)."""
+    if kind in ("fit", "tutorial"):
+        if workload == "W1":
+            return 1.5
+        return 1.1 if guide in DROPOUT_GUIDES else 2.0
+    if kind == "user-loop":
+        return 1.3
+    if kind == "predict":
+        return 1.0
+    return None
 
 
 def _data(w, seed=0):
     g = torch.Generator().manual_seed(seed)
     d_in, d_out = w["sizes"][0], w["sizes"][-1]
-    x = torch.randn(w["n_data"], d_in, generator=g)
+    x = torch.randn(w["n_data"], d_in, generator=g, device="cpu")
     if w["task"] == "regression":
-        y = torch.randn(w["n_data"], generator=g)
+        y = torch.randn(w["n_data"], generator=g, device="cpu")
     else:
-        y = torch.randint(0, d_out, (w["n_data"],), generator=g)
-    return x, y
+        y = torch.randint(0, d_out, (w["n_data"],), generator=g, device="cpu")
+    device = torch.get_default_device()
+    return x.to(device), y.to(device)
 
 
 def _plain_net(w):
@@ -103,32 +133,105 @@ def _plain_step_fn(w, x, y):
         loss_fn().backward()
         opt.step()
 
-    return step, net
+    return step, net, loss_fn
 
 
-def _guide_step_fn(w, guide_cls, x, y, jit=False):
+class TutorialBNN(PyroModule):
+    """The Pyro tutorial's Bayesian MLP: ``PyroModule[nn.Linear]`` layers whose weights and
+    biases are ``PyroSample(Normal(0, 1))``, ReLU, a Normal (regression, noise SD 0.3) or
+    Categorical likelihood in a data plate; no ``num_data`` argument (fit scales it)."""
+
+    def __init__(self, sizes, task):
+        super().__init__()
+        self.task = task
+        layers = []
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+            layer = PyroModule[torch.nn.Linear](a, b)
+            layer.weight = PyroSample(dist.Normal(0.0, 1.0).expand([b, a]).to_event(2))
+            layer.bias = PyroSample(dist.Normal(0.0, 1.0).expand([b]).to_event(1))
+            layers.append(layer)
+        self.layers = PyroModule[torch.nn.ModuleList](layers)
+
+    def forward(self, x, y=None):
+        h = x
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+        with pyro.plate("data", x.shape[0]):
+            if self.task == "regression":
+                f = h.squeeze(-1)
+                pyro.sample("obs", dist.Normal(f, 0.3), obs=y)
+            else:
+                f = h
+                pyro.sample("obs", dist.Categorical(logits=f), obs=y)
+        return f
+
+
+def _make_guide(name, model, w):
+    if name == "AutoDropout":
+        return AutoDropout(model, dropout_rate=w["p"])
+    if name == "AutoNormal":
+        return AutoNormal(model)
+    return GUIDES[name](model)
+
+
+def _bayesian_mlp(w):
     sizes = w["sizes"]
-    model = BayesianMLP(
+    return BayesianMLP(
         sizes[0],
         sizes[-1],
         hidden=sizes[1:-1],
         likelihood=w["task"],
         tau=10.0 if w["task"] == "regression" else None,
     )
-    kwargs = {"dropout_rate": w["p"]} if guide_cls is AutoDropout else {}
-    guide = guide_cls(model, **kwargs)
-    # what fit() uses: MeanFieldELBO (JitMeanFieldELBO with jit=True) and one fused Adam
-    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(max_plate_nesting=1)
-    svi = SVI(model, guide, fused_adam({"lr": 1e-3}), elbo)
+
+
+class _Step:
+    """One method's training step and what its profile needs."""
+
+    def __init__(self, model, guide, elbo, optim, args, kwargs, context):
+        self.model, self.guide, self.elbo = model, guide, elbo
+        self.args, self.kwargs, self.context = args, kwargs, context
+        self.svi = SVI(model, guide, optim, elbo)
+
+    def __call__(self):
+        with self.context():
+            self.svi.step(*self.args, **self.kwargs)
+
+
+def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False):
+    """``fit``'s step: its ELBO (compiled by default) and fused Adam, LRT, minibatch scale."""
+    model = TutorialBNN(w["sizes"], w["task"]) if tutorial else _bayesian_mlp(w)
+    guide = _make_guide(guide_name, model, w)
+    elbo = make_elbo(model, jit)
+    if tutorial:  # no num_data argument: fit scales the observed site by N / B
+        elbo.max_plate_nesting = 1
     xb, yb = x[: w["batch"]], y[: w["batch"]]
-    n = w["n_data"]
-    lrt = local_reparameterization()
+    scale = w["n_data"] / w["batch"]
+    kwargs = {} if tutorial else {"num_data": w["n_data"]}
 
-    def step():
-        with lrt:
-            svi.step(xb, yb, num_data=n)
+    @contextlib.contextmanager
+    def context():
+        with local_reparameterization(), ScaleObserved(scale) if tutorial else nullcontext():
+            yield
 
-    return step, model, guide
+    return _Step(model, guide, elbo, fused_adam({"lr": 1e-3}), (xb, yb), kwargs, context)
+
+
+def _user_loop_step(w, guide_name, x, y):
+    """A Pyro user's own loop on the tutorial model: Pyro's Adam and ``TraceMeanField_ELBO``,
+    our guides under ``local_reparameterization()``; ``AutoNormal`` without it."""
+    model = TutorialBNN(w["sizes"], w["task"])
+    guide = _make_guide(guide_name, model, w)
+    lrt = guide_name != "AutoNormal"
+    xb, yb = x[: w["batch"]], y[: w["batch"]]
+
+    def context():
+        return local_reparameterization() if lrt else nullcontext()
+
+    elbo = TraceMeanField_ELBO(max_plate_nesting=1)
+    return _Step(model, guide, elbo, pyro.optim.Adam({"lr": 1e-3}), (xb, yb), {}, context)
 
 
 def _plain_predict_fn(net, x, num_samples):
@@ -142,63 +245,136 @@ def _plain_predict_fn(net, x, num_samples):
 
 
 def _timeit(fn, reps):
+    step_profile.synchronize()
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
+    step_profile.synchronize()
     return (time.perf_counter() - t0) / reps
 
 
-def run(quick=False, rounds=None, seed=0):
-    """Run the benchmark; returns a dict with settings, per-method medians and ratios."""
+def _methods(w, x, y, pred_points, pred_samples):
+    """Every timed method of one workload: label -> (callable, kind, guide)."""
+    methods = {}
+    plain_step, plain_net, plain_loss = _plain_step_fn(w, x, y)
+    methods[PLAIN] = (plain_step, "baseline", None)
+    steps = {}
+    for name in GUIDES:
+        for kind, jit, tutorial in (("fit", "auto", False), ("eager", False, False),
+                                    ("tutorial", "auto", True)):  # fmt: skip
+            step = _fit_step(w, name, x, y, jit=jit, tutorial=tutorial)
+            steps[(kind, name)] = step
+            methods[f"{kind}: {name}"] = (step, kind, name)
+    for name in list(GUIDES) + ["AutoNormal"]:
+        step = _user_loop_step(w, name, x, y)
+        label = USER_BASELINE if name == "AutoNormal" else f"user SVI loop: {name} + LRT"
+        methods[label] = (step, "user-loop" if name != "AutoNormal" else "baseline", name)
+    x_pred = torch.randn(pred_points, w["sizes"][0])
+    fitted = steps[("eager", "AutoDropout")]
+    model, guide = fitted.model, fitted.guide
+    methods["plain dropout predict loop"] = (
+        _plain_predict_fn(plain_net, x_pred, pred_samples), "baseline", None)  # fmt: skip
+    methods["predict (AutoDropout)"] = (
+        lambda: predict(model, guide, x_pred, num_samples=pred_samples), "predict", None)  # fmt: skip
+    methods[f"predict (AutoDropout){WEIGHTS_SUFFIX}"] = (
+        lambda: predict(model, guide, x_pred, num_samples=pred_samples,
+                        local_reparameterization=False), "predict", None)  # fmt: skip
+    return methods, steps, (plain_step, plain_loss)
+
+
+def _ratios(med):
+    ratios = {}
+    for label, m in med.items():
+        if label.startswith(("fit: ", "eager: ", "tutorial: ")):
+            kind, name = label.split(": ")
+            ratios[f"{kind}/{name}"] = m / med[PLAIN]
+        elif label.startswith("user SVI loop: Auto") and label != USER_BASELINE:
+            name = label.split(": ")[1].split(" ")[0]
+            ratios[f"user-loop/{name}"] = m / med[USER_BASELINE]
+    ratios["predict"] = med["predict (AutoDropout)"] / med["plain dropout predict loop"]
+    ratios["predict" + WEIGHTS_SUFFIX] = (
+        med[f"predict (AutoDropout){WEIGHTS_SUFFIX}"] / med["plain dropout predict loop"]
+    )
+    return ratios
+
+
+def _profile(w, steps, plain, reps, peak):
+    """Phases, FLOPs and achieved GFLOP/s of the plain step and of fit's steps (outside the
+    timed rounds)."""
+    plain_step, plain_loss = plain
+    out = {}
+    flops = step_profile.step_flops(lambda: plain_loss().backward())
+    t = step_profile._median_ms(plain_step, reps)
+    out[PLAIN] = {"phases": {"step": t}, "flops": flops, "gflops_per_s": flops / t / 1e6}
+    for (kind, name), st in steps.items():
+        if kind == "eager":
+            continue
+        compiled = kind in ("fit", "tutorial")
+        ph = step_profile.phases(st.model, st.guide, st.elbo, st, st.args, st.kwargs,
+                                 st.context, reps, compiled)  # fmt: skip
+        eager = steps[("eager", name)] if kind == "fit" else st
+        with eager.context():  # FLOPs of the eager step (the same products as the graph)
+            flops = step_profile.step_flops(
+                lambda e=eager: e.elbo.differentiable_loss(
+                    e.model, e.guide, *e.args, **e.kwargs
+                ).backward()
+            )
+        out[f"{kind}: {name}"] = {
+            "phases": ph,
+            "flops": flops,
+            "gflops_per_s": flops / ph["step"] / 1e6,
+            "flops_vs_plain": flops / out[PLAIN]["flops"],
+        }
+        if kind == "fit":
+            eph = step_profile.phases(eager.model, eager.guide, eager.elbo, eager, eager.args,
+                                      eager.kwargs, eager.context, reps, False)  # fmt: skip
+            out[f"eager: {name}"] = {"phases": eph, "flops": flops,
+                                     "gflops_per_s": flops / eph["step"] / 1e6}  # fmt: skip
+    for v in out.values():
+        v["percent_of_peak"] = 100 * v["gflops_per_s"] / peak
+    return out
+
+
+def run(quick=False, rounds=None, seed=0, profile=True, device="cpu"):
+    """Run the benchmark; returns a dict with settings, per-method medians, ratios, targets
+    and (unless ``profile=False``) the step profiles. ``device="cuda"`` runs every method
+    (the plain baselines too) on the GPU."""
+    default_device = torch.get_default_device()
+    torch.set_default_device(device)
+    try:
+        return _run(quick, rounds, seed, profile, device)
+    finally:
+        torch.set_default_device(default_device)
+
+
+def _run(quick, rounds, seed, profile, device):
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
     pyro.enable_validation(False)  # argument checks stay on in the tests, off in the hot path
-    rounds = rounds or (3 if quick else 15)
+    rounds = rounds or (3 if quick else 9)
     step_reps = 5 if quick else 50
     pred_points, pred_samples = (200, 10) if quick else (1000, 100)
+    peak = step_profile.matmul_peak_gflops(256 if quick else 512)
     results = {}
     for wname, w in WORKLOADS.items():
         pyro.clear_param_store()
         x, y = _data(w, seed)
-        methods = {}
-        plain_step, plain_net = _plain_step_fn(w, x, y)
-        methods["plain nn.Dropout step"] = plain_step
-        fitted = {}
-        for cls in (AutoDropout, AutoMeanField, AutoVariationalDropout):
-            for jit in (False, True):
-                step, model, guide = _guide_step_fn(w, cls, x, y, jit=jit)
-                step()  # set up the guide's parameters (and trace, with jit)
-                methods[f"{cls.__name__} + LRT step{JIT_SUFFIX if jit else ''}"] = step
-                if not jit:
-                    fitted[cls.__name__] = (model, guide)
-        x_pred = torch.randn(pred_points, w["sizes"][0])
-        model, guide = fitted["AutoDropout"]
-        methods["plain dropout predict loop"] = _plain_predict_fn(plain_net, x_pred, pred_samples)
-        methods["predict (AutoDropout)"] = lambda m=model, g=guide, xp=x_pred: predict(
-            m, g, xp, num_samples=pred_samples
-        )
-        methods[f"predict (AutoDropout){WEIGHTS_SUFFIX}"] = lambda m=model, g=guide, xp=x_pred: (
-            predict(m, g, xp, num_samples=pred_samples, local_reparameterization=False)
-        )
+        methods, steps, plain = _methods(w, x, y, pred_points, pred_samples)
         times = {k: [] for k in methods}
-        for fn in methods.values():  # warm-up
+        for fn, *_ in methods.values():  # warm-up (and the compiled steps' traces)
             _timeit(fn, 3)
+        heavy = wname == "W2" and not quick  # a W2 predict call takes seconds
         for _ in range(rounds):  # interleaved rounds
-            for k, fn in methods.items():
-                reps = step_reps if "step" in k else max(1, step_reps // 10)
+            for k, (fn, *_) in methods.items():
+                if "predict" in k:
+                    reps = 1 if heavy else max(1, step_reps // 10)
+                else:
+                    reps = step_reps
                 times[k].append(_timeit(fn, reps))
         med = {k: statistics.median(v) for k, v in times.items()}
-        ratios = {}
-        for cls in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout"):
-            for suffix in ("", JIT_SUFFIX):
-                ratios[cls + suffix] = (
-                    med[f"{cls} + LRT step{suffix}"] / med["plain nn.Dropout step"]
-                )
-        for suffix in ("", WEIGHTS_SUFFIX):
-            ratios["predict" + suffix] = (
-                med[f"predict (AutoDropout){suffix}"] / med["plain dropout predict loop"]
-            )
-        results[wname] = {"median_seconds": med, "ratios": ratios, "workload": w}
+        results[wname] = {"median_seconds": med, "ratios": _ratios(med), "workload": w}
+        if profile:
+            results[wname]["profile"] = _profile(w, steps, plain, 3 if quick else 30, peak)
     return {
         "settings": {
             "quick": quick,
@@ -207,39 +383,63 @@ def run(quick=False, rounds=None, seed=0):
             "predict_points": pred_points,
             "predict_samples": pred_samples,
             "torch_threads": torch.get_num_threads(),
+            "device": str(device),
         },
-        "machine": {**versions(), "processor": platform.processor()},
+        "machine": {
+            **versions(),
+            "processor": platform.processor(),
+            "gpu": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else None,
+        },
         "code": git_state(),
+        "matmul_peak_gflops": peak,
         "results": results,
-        "targets": {f"{k[0]}/{k[1]}": v for k, v in TARGETS.items()},
     }
 
 
+def _cell(ratio, tgt):
+    if tgt is None:
+        return f"{ratio:.2f}×"
+    return f"{ratio:.2f}× {'✅' if ratio <= tgt else '❌'} (≤ {tgt})"
+
+
 def markdown(report):
-    """Markdown table of ratios (and absolute medians) with the targets."""
-    lines = [
-        "| method | W1 ratio | W1 target | W2 ratio | W2 target |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    """Markdown tables: ratios with their targets, the step profiles, absolute medians."""
     res = report["results"]
-    methods = [
-        (cls, suffix)
-        for cls in ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
-        for suffix in ("", JIT_SUFFIX)
-    ] + [("predict", ""), ("predict", WEIGHTS_SUFFIX)]
-    for method, suffix in methods:
-        if method == "predict":
-            label = "predict, T=100" + (
-                ", weight draws" if suffix else ", per-example pre-activations (default)"
-            )
-        else:
-            label = f"{method} + LRT, training step{' (JIT)' if suffix else ' (eager)'}"
-        row = [label]
-        for w in ("W1", "W2"):
-            r = res[w]["ratios"][method + suffix]
-            t = TARGETS[(method, w)]
-            row += [f"{r:.2f}× {'✅' if r <= t else '❌'}", f"≤ {t}×"]
+    lines = ["| method | W1 | W2 |", "| --- | --- | --- |"]
+    labels = {
+        "fit": "fit's step (default: compiled), {g} + LRT",
+        "eager": "fit's step with jit=False (eager), {g} + LRT",
+        "tutorial": "tutorial PyroModule BNN, fit's step, {g} + LRT",
+        "user-loop": "user's SVI loop, {g} + LRT vs AutoNormal without LRT",
+    }
+    for kind, text in labels.items():
+        for g in GUIDES:
+            row = [text.format(g=g)]
+            for w in ("W1", "W2"):
+                row.append(_cell(res[w]["ratios"][f"{kind}/{g}"], target(kind, g, w)))
+            lines.append("| " + " | ".join(row) + " |")
+    for key, text in (("predict", "predict, T=100, per-example pre-activations (default)"),
+                      ("predict" + WEIGHTS_SUFFIX, "predict, T=100, weight draws")):  # fmt: skip
+        row = [text] + [
+            _cell(res[w]["ratios"][key], target("predict", None, w)) for w in ("W1", "W2")
+        ]
         lines.append("| " + " | ".join(row) + " |")
+    if all("profile" in res[w] for w in res):
+        lines += ["", f"Step profiles (ms per phase; matmul peak {report['matmul_peak_gflops']:.1f} "
+                  "GFLOP/s in this process):", ""]  # fmt: skip
+        lines += [
+            "| workload | step | phases (ms) | step (ms) | MFLOP | × plain FLOPs | GFLOP/s | % of peak |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for w in ("W1", "W2"):
+            for label, p in res[w]["profile"].items():
+                phases = ", ".join(f"{k} {v:.3f}" for k, v in p["phases"].items() if k != "step")
+                ratio = p.get("flops_vs_plain")
+                lines.append(
+                    f"| {w} | {label} | {phases or '–'} | {p['phases']['step']:.3f} | "
+                    f"{p['flops'] / 1e6:.2f} | {'–' if ratio is None else f'{ratio:.2f}'} | "
+                    f"{p['gflops_per_s']:.2f} | {p['percent_of_peak']:.1f} |"
+                )
     lines += ["", "Absolute medians (ms):", ""]
     lines += ["| measurement | W1 | W2 |", "| --- | --- | --- |"]
     for k in res["W1"]["median_seconds"]:
@@ -252,10 +452,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--no-profile", action="store_true", help="skip the step profiles")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--json", type=Path, default=Path("speed.json"))
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
-    report = run(quick=args.quick, rounds=args.rounds)
+    report = run(
+        quick=args.quick, rounds=args.rounds, profile=not args.no_profile, device=args.device
+    )
     table = markdown(report)
     print(table)
     args.json.write_text(json.dumps(report, indent=2, default=str))

@@ -2,7 +2,7 @@
 
 import json
 
-from pyro_dropout.benchmarks import speed
+from pyro_dropout.benchmarks import speed, step_profile
 
 
 def test_quick_mode_writes_json_and_markdown(tmp_path):
@@ -11,13 +11,44 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     saved = json.loads(out.read_text())
     assert len(saved["code"]["commit"]) == 40  # which code produced the numbers
     assert set(saved["results"]) == {"W1", "W2"}
+    assert saved["matmul_peak_gflops"] > 0
     for w in ("W1", "W2"):
         ratios = report["results"][w]["ratios"]
-        guides = ("AutoDropout", "AutoMeanField", "AutoVariationalDropout")
-        expected = {g + s for g in guides for s in ("", speed.JIT_SUFFIX)}
+        expected = {
+            f"{kind}/{g}"
+            for kind in ("fit", "eager", "tutorial", "user-loop")
+            for g in speed.GUIDES
+        }
         expected |= {"predict", "predict" + speed.WEIGHTS_SUFFIX}
         assert set(ratios) == expected
         assert all(r > 0 for r in ratios.values())
+        profile = report["results"][w]["profile"]
+        fit_dropout = profile["fit: AutoDropout"]
+        assert {"loss graph", "backward", "optimiser + SVI", "step"} == set(fit_dropout["phases"])
+        assert {"guide", "model + LRT", "ELBO terms"} <= set(
+            profile["eager: AutoDropout"]["phases"]
+        )
+        # LRT for a Gaussian family: two products per layer (mean and variance), twice the plain
+        # network's matrix-product FLOPs
+        assert abs(profile["fit: AutoMeanField"]["flops_vs_plain"] - 2.0) < 0.01
     text = md.read_text()
-    assert "AutoDropout + LRT, training step (eager)" in text
-    assert "AutoDropout + LRT, training step (JIT)" in text
+    assert "fit's step (default: compiled), AutoDropout + LRT" in text
+    assert "fit's step with jit=False (eager), AutoDropout + LRT" in text
+    assert "user's SVI loop" in text and "% of peak" in text
+
+
+def test_targets_are_the_issues():
+    assert speed.target("fit", "AutoDropout", "W1") == 1.5
+    assert speed.target("fit", "AutoConcreteDropout", "W2") == 1.1
+    assert speed.target("tutorial", "AutoMeanField", "W2") == 2.0
+    assert speed.target("user-loop", "AutoVariationalDropout", "W1") == 1.3
+    assert speed.target("predict", None, "W1") == 1.0
+
+
+def test_step_flops_counts_a_matmul_forward_and_backward():
+    import torch
+
+    a = torch.randn(4, 5, requires_grad=True)
+    b = torch.randn(5, 3)
+    flops = step_profile.step_flops(lambda: (a @ b).sum().backward())
+    assert flops == 2 * 4 * 5 * 3 * 2  # forward, and the gradient with respect to a
