@@ -5,7 +5,8 @@ One :class:`~pyro_dropout.BayesianMLP` is fitted to the Mauna Loa CO2 series (we
 statsmodels) with the three guides, :class:`~pyro_dropout.AutoDropout` (MC dropout),
 :class:`~pyro_dropout.AutoMeanField` (Bayes by Backprop) and
 :class:`~pyro_dropout.AutoVariationalDropout` (learned α per weight). The *same model object*
-is passed to every guide. The script then
+is passed to every guide, and each fit trains ``fit``'s default compiled loss (half the CPU
+time of the eager loss, ``jit=False``, here). The script then
 
 * prints the :func:`~pyro_dropout.diagnostics.compare` table (PSIS-LOO on the training
   years, VI k̂, held-out scores on 1990-2001), and
@@ -15,6 +16,9 @@ is passed to every guide. The script then
   weights :math:`E_q[W] = (1-p)M` (``guide.median()``). Standard dropout extrapolates a single
   confident curve; MC dropout averages over dropout masks and its band widens away from the
   data.
+
+It takes about 40 s of CPU (one torch thread; measured on a 2-core machine): 3,000 SVI steps
+per guide are 29 s of it, the comparison table 3 s, importing torch, Pyro and ArviZ 3 s.
 
 Command line::
 
