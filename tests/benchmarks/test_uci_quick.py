@@ -369,4 +369,5 @@ def test_estimate_projects_concrete_without_a_validation_phase(data_dir, tmp_pat
     (row,) = rows
     assert row["phases"]["validation"] == [] and row["validation_s"] == 0
     assert row["final_s"] > 0 and row["phases"]["final"][0]["members"] == 1
+    assert row["phases"]["final"][0]["splits"] == [0] and row["phases"]["final"][0]["jit"]
     assert "| yacht | concrete | 1 | – | 0 | – | 1 |" in (tmp_path / "projection.md").read_text()
