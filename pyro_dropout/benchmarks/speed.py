@@ -339,12 +339,15 @@ def run(quick=False, rounds=None, seed=0, profile=True, device="cpu"):
     """Run the benchmark; returns a dict with settings, per-method medians, ratios, targets
     and (unless ``profile=False``) the step profiles. ``device="cuda"`` runs every method
     (the plain baselines too) on the GPU."""
-    default_device = torch.get_default_device()
+    previous = torch.get_default_device()
+    if torch.device(device) == previous:
+        return _run(quick, rounds, seed, profile, device)
     torch.set_default_device(device)
     try:
         return _run(quick, rounds, seed, profile, device)
     finally:
-        torch.set_default_device(default_device)
+        # None, not "cpu": an explicit default device intercepts every factory call
+        torch.set_default_device(None if previous.type == "cpu" else previous)
 
 
 def _run(quick, rounds, seed, profile, device):
