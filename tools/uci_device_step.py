@@ -31,7 +31,14 @@ def main(argv=None):
     p.add_argument("--guides", default="dropout,meanfield")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--samples", type=int, default=200)
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead: the phases, FLOPs and GFLOP/s of one validation step (speed page)",
+    )
     args = p.parse_args(argv)
+    if args.profile:
+        return profile(args)
     ds = load_uci(args.dataset, args.data_dir)
     splits = list(range(ds.n_splits))
     for guide in args.guides.split(","):
@@ -43,7 +50,10 @@ def main(argv=None):
             configs = [dict(c) for _ in splits for c in grid] if val else [grid[-1]] * len(splits)
             members = um.Members(configs, sd.repeat_interleave(per).cpu(), x.shape[1])
             for jit in (True, False):
-                model, g, eval_tau = um.build(guide, ds.n_features, ds.n_hidden, members)
+                # build on the device: per-member prior scales live inside PyroSample
+                # distributions, which model.to() does not move
+                with torch.device(args.device):
+                    model, g, eval_tau = um.build(guide, ds.n_features, ds.n_hidden, members)
                 model.to(args.device)
                 um.train(model, g, x, y, per, 1, max_steps=5, jit=jit)  # set-up and traces
                 _sync(args.device)
@@ -61,6 +71,67 @@ def main(argv=None):
                            jit=jit, members=len(members), ms_per_step=round(ms, 3),
                            ms_per_mc_pass=round(pass_ms, 3))  # fmt: skip
                 print(json.dumps(row), flush=True)
+
+
+def profile(args):
+    """Phases of one batched validation step (``benchmarks/step_profile.py``), compiled and
+    eager, with its matrix-product FLOPs and the matmul peak of this process."""
+    import pyro
+
+    from pyro_dropout.benchmarks import step_profile
+
+    ds = load_uci(args.dataset, args.data_dir)
+    splits = list(range(ds.n_splits))
+    x, y, *_, sd = (t.to(args.device) for t in _stack_split_arrays(ds, splits, True))
+    peak = step_profile.matmul_peak_gflops()
+    pyro.enable_validation(False)
+    for guide in args.guides.split(","):
+        grid = um.grid(guide, ds.dropout_rates, ds.tau_values)
+        members = um.Members(
+            [dict(c) for _ in splits for c in grid],
+            sd.repeat_interleave(len(grid)).cpu(),
+            x.shape[1],
+        )
+        xb = um._expand_members(x[:, :128], len(grid))
+        yb = um._expand_members(y[:, :128], len(grid))
+        for compiled in (True, False):
+            row = _profile_one(args, ds, guide, members, xb, yb, x.shape[1], compiled)
+            row.update(matmul_peak_gflops=round(peak, 1))
+            print(json.dumps(row), flush=True)
+
+
+def _profile_one(args, ds, guide, members, xb, yb, n, compiled):
+    from pyro.infer import SVI
+
+    from pyro_dropout import local_reparameterization
+    from pyro_dropout.benchmarks import step_profile
+    from pyro_dropout.infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
+
+    with torch.device(args.device):
+        model, g, _ = um.build(guide, ds.n_features, ds.n_hidden, members)
+    model.to(args.device)
+    elbo = (JitMeanFieldELBO if compiled else MeanFieldELBO)(max_plate_nesting=2)
+    svi = SVI(model, g, fused_adam({"lr": 1e-3}), elbo)
+    kwargs = {"num_data": n}
+
+    def step():
+        with local_reparameterization():
+            svi.step(xb, yb, **kwargs)
+
+    def eager_loss_backward():
+        eager = MeanFieldELBO(max_plate_nesting=2)
+        with local_reparameterization():
+            eager.differentiable_loss(model, g, xb, yb, **kwargs).backward()
+
+    for _ in range(3):
+        step()
+    ph = step_profile.phases(
+        model, g, elbo, step, (xb, yb), kwargs, local_reparameterization, 10, compiled
+    )
+    flops = step_profile.step_flops(eager_loss_backward)
+    return dict(dataset=ds.name, device=args.device, guide=guide, compiled=compiled,
+                members=len(members), phases_ms={k: round(v, 3) for k, v in ph.items()},
+                mflop=round(flops / 1e6, 1), gflops_per_s=round(flops / ph["step"] / 1e6, 2))  # fmt: skip
 
 
 if __name__ == "__main__":
