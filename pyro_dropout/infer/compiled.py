@@ -7,6 +7,7 @@ handlers: ``TypedDict`` messages, ``.item()``), while a trace takes well under a
 a step in one graph (``docs/benchmarks/speed.md``).
 """
 
+import sys
 import warnings
 import weakref
 
@@ -16,6 +17,7 @@ from pyro.infer.util import torch_item
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.util import warn_if_nan
 
+from ..handlers.lrt_messenger import _user_stacklevel
 from .elbo import MeanFieldELBO
 
 __all__ = ["CompilationWarning", "JitMeanFieldELBO"]
@@ -197,7 +199,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
             f"pyro_dropout: the loss is not compiled ({reason}); training continues eagerly: the "
             "same loss, slower steps. Pass jit=False to train eagerly without this warning.",
             CompilationWarning,
-            stacklevel=4,
+            stacklevel=_user_stacklevel(sys._getframe()),  # the user's fit or SVI.step line
         )
 
     def _dispatch(self, model, guide, args, kwargs, terms):

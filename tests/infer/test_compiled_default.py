@@ -76,6 +76,7 @@ def test_data_dependent_model_falls_back_to_eager_with_one_warning():
         losses = fit(model, AutoMeanField(model), loader, num_epochs=4, seed=0, progress=False)
     ours = [w for w in caught if issubclass(w.category, CompilationWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
+    assert ours[0].filename == __file__  # points at the user's fit call
     assert "differs between two minibatches" in str(ours[0].message)
     assert "jit=False" in str(ours[0].message)
     assert len(losses) == 12 and all(torch.isfinite(torch.tensor(losses)))
