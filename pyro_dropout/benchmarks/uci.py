@@ -135,6 +135,7 @@ value of each axis; for the Gaussian guides prior 1 and noise ∈ {largest τ, l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -188,6 +189,13 @@ def _versions():
 
 #: How the report labels units written before commits were recorded.
 UNRECORDED_COMMIT = "≤ 36cc829"
+
+
+@functools.cache
+def _code_state():
+    """The commit of the code this process runs, read once (at the start of ``main``): a long
+    run's units would otherwise name whatever was committed while it ran."""
+    return git_state()
 
 
 def commit_label(record):
@@ -407,7 +415,7 @@ def _validation_phase(ds, guide, splits, settings, out, args):
             **({"tau_calibration": calibration} if calibration else {}),
             "phase": phase,
             "wall_s_share": share,
-            "code": git_state(),
+            "code": _code_state(),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.val.json", rec)
         records[k] = rec
@@ -472,7 +480,7 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
             ),
             "wall_s": val["wall_s_share"] + share,
             "versions": _versions(),
-            "code": git_state(),
+            "code": _code_state(),
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.json", rec)
@@ -1031,6 +1039,7 @@ def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     datasets, per_ds = _resolve(args, parser)
+    _code_state()  # the commit whose code this process loaded, before any unit is trained
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
