@@ -410,7 +410,7 @@ def markdown(report):
     res = report["results"]
     lines = ["| method | W1 | W2 |", "| --- | --- | --- |"]
     labels = {
-        "fit": "fit's step (default: compiled), {g} + LRT",
+        "fit": 'fit\'s step, compiled (jit="auto"), {g} + LRT',
         "eager": "fit's step with jit=False (eager), {g} + LRT",
         "tutorial": "tutorial PyroModule BNN, fit's step, {g} + LRT",
         "user-loop": "user's SVI loop, {g} + LRT vs AutoNormal without LRT",

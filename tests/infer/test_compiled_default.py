@@ -1,4 +1,4 @@
-"""``fit`` compiles the loss by default (``jit="auto"``): checked traces, one warning and an
+"""``fit(..., jit="auto")`` compiles the loss: checked traces, one warning and an
 eager fit where a model cannot be compiled, the same loss as eager on a fixed seed, the same
 fit in distribution."""
 
@@ -54,14 +54,14 @@ class Tutorial(PyroModule):
 
 
 def test_fit_compiles_by_default_without_a_warning():
-    assert make_elbo(BayesianMLP(3, 1)).__class__ is JitMeanFieldELBO
-    assert make_elbo(BayesianMLP(3, 1)).fallback
-    assert make_elbo(BayesianMLP(3, 1), jit=False).__class__ is MeanFieldELBO
+    assert make_elbo(BayesianMLP(3, 1), jit="auto").__class__ is JitMeanFieldELBO
+    assert make_elbo(BayesianMLP(3, 1), jit="auto").fallback
+    assert make_elbo(BayesianMLP(3, 1)).__class__ is MeanFieldELBO  # the default, for now
     assert not make_elbo(BayesianMLP(3, 1), jit=True).fallback
     x, y = _data()
     for model in (BayesianMLP(3, 1, hidden=(16,), tau=25.0), Tutorial()):
         losses = fit(model, AutoMeanField(model), x, y, num_epochs=3, batch_size=32, lr=1e-2,
-                     seed=0, progress=False)  # fmt: skip
+                     seed=0, progress=False, jit="auto")  # fmt: skip
         assert len(losses) == 9 and all(torch.isfinite(torch.tensor(losses)))
 
 
@@ -73,7 +73,9 @@ def test_data_dependent_model_falls_back_to_eager_with_one_warning():
     model = Tutorial(branch_on_data=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses = fit(model, AutoMeanField(model), loader, num_epochs=4, seed=0, progress=False)
+        losses = fit(
+            model, AutoMeanField(model), loader, num_epochs=4, seed=0, progress=False, jit="auto"
+        )
     ours = [w for w in caught if issubclass(w.category, CompilationWarning)]
     assert len(ours) == 1, [str(w.message) for w in caught]
     assert ours[0].filename == __file__  # points at the user's fit call
@@ -129,7 +131,7 @@ def test_a_model_subsampling_its_own_plate_trains_eagerly_with_a_warning():
 
     x, y = _data(48)
     with pytest.warns(CompilationWarning, match="subsamples its own plate 'data'"):
-        losses = fit(model, AutoMeanField(model), x, y, num_epochs=1, progress=False)
+        losses = fit(model, AutoMeanField(model), x, y, num_epochs=1, progress=False, jit="auto")
     assert len(losses) == 3
 
 

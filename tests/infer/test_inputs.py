@@ -129,7 +129,7 @@ def test_a_models_subsampled_plate_is_driven_by_fit():
     model = _subsampled(seen)
     guide = AutoMeanField(model)
     with pytest.warns(CompilationWarning, match="subsamples its own plate"):  # trains eagerly
-        losses = fit(model, guide, x, y, num_epochs=2, progress=False)
+        losses = fit(model, guide, x, y, num_epochs=2, progress=False, jit="auto")
     assert len(losses) == 2 * 4  # ceil(50 / 16)
     last_epoch = torch.cat(seen[-4:])
     assert set(last_epoch.tolist()) == set(range(50)) and len(last_epoch) == 64

@@ -8,7 +8,6 @@ network sizes its plate from a reassigned ``x``; the CNNs max-pool 4-D tensors),
 draw per pass; ``predict(vectorize=True)`` then says why.
 """
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -30,7 +29,6 @@ from pyro_dropout import (
 )
 from pyro_dropout.diagnostics import loo
 from pyro_dropout.handlers import LocalReparameterizationWarning
-from pyro_dropout.infer import CompilationWarning
 from pyro_dropout.infer.draws import NotVectorizable
 
 from ._models import ZOO
@@ -53,14 +51,10 @@ def _fitted(name, guide_name, lrt=True, steps=4):
     with warnings.catch_warnings():
         # every weight of every zoo model meets a rule: no warning may be raised
         warnings.simplefilter("error", LocalReparameterizationWarning)
-        # a model that subsamples its own plate trains eagerly (fit says so: it cannot be
-        # compiled); every other zoo model compiles without a warning
-        eager = name == "subsampled"
-        with pytest.warns(CompilationWarning) if eager else contextlib.nullcontext():
-            losses = fit(
-                model, guide, x, y, num_steps=steps, lr=0.01, local_reparameterization=lrt,
-                progress=False, seed=0,
-            )  # fmt: skip
+        losses = fit(
+            model, guide, x, y, num_steps=steps, lr=0.01, local_reparameterization=lrt,
+            progress=False, seed=0,
+        )  # fmt: skip
     assert len(losses) == steps and np.isfinite(losses).all()
     return model, guide, x, y, task
 
