@@ -11,7 +11,7 @@ Workloads (from the project's speed issues):
 Per workload, interleaved in rounds (each method summarised by the median of its per-round
 times; ratios against baselines measured in the same rounds, so machine noise largely cancels):
 
-* **fit's step** for each of the four guides: ``SVI`` with ``fit``'s defaults under
+* **fit's step** for each of the four guides: ``SVI`` with ``fit(..., jit="auto")``'s set-up under
   ``local_reparameterization()`` — the compiled loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`,
   ``jit="auto"``) and one fused Adam — and the same step eager (``jit=False``), against a plain
   ``nn.Dropout`` MLP step (forward, backward, Adam) of the same sizes;
@@ -72,7 +72,7 @@ GUIDES = {
 }
 DROPOUT_GUIDES = ("AutoDropout", "AutoConcreteDropout")
 
-#: Ratio keys: ``fit/<guide>`` (fit's default, compiled step), ``eager/<guide>`` (jit=False),
+#: Ratio keys: ``fit/<guide>`` (fit's compiled step, ``jit="auto"``), ``eager/<guide>`` (jit=False),
 #: ``tutorial/<guide>`` (the tutorial model with fit's step), ``user-loop/<guide>`` (a plain
 #: Pyro SVI loop, against AutoNormal without LRT), ``predict`` and ``predict (weight draws)``.
 WEIGHTS_SUFFIX = " (weight draws)"
@@ -201,7 +201,8 @@ class _Step:
 
 
 def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False):
-    """``fit``'s step: its ELBO (compiled by default) and fused Adam, LRT, minibatch scale."""
+    """``fit``'s step: its ELBO (compiled with ``jit="auto"``, eager with ``jit=False``), fused
+    Adam, LRT, minibatch scale."""
     model = TutorialBNN(w["sizes"], w["task"]) if tutorial else _bayesian_mlp(w)
     guide = _make_guide(guide_name, model, w)
     elbo = make_elbo(model, jit)
