@@ -105,10 +105,10 @@ class BayesianModule(L.LightningModule):
     :param optimizer: instead of Adam, a callable ``params -> torch.optim.Optimizer``.
     :param bool local_reparameterization: as in :func:`~pyro_dropout.fit`.
     :param estimator: as in :func:`~pyro_dropout.fit`.
-    :param jit: as in :func:`~pyro_dropout.fit`: ``"auto"`` compiles the loss
+    :param jit: as in :func:`~pyro_dropout.fit`: ``"auto"`` (default) compiles the loss
         (:class:`~pyro_dropout.infer.JitMeanFieldELBO`) and trains eagerly, with one
         :class:`~pyro_dropout.infer.CompilationWarning`, where it cannot; ``True`` compiles or
-        raises; ``False`` (default) is eager.
+        raises; ``False`` is eager.
     :param int num_particles: ELBO particles per step.
     :param bool vectorize_particles: as in Pyro's ELBOs.
     :param int seed: base seed; rank ``r`` uses ``rank_seed(seed, r)`` (module docs).
@@ -140,7 +140,7 @@ class BayesianModule(L.LightningModule):
         optimizer=None,
         local_reparameterization=True,
         estimator="auto",
-        jit=False,
+        jit="auto",
         num_particles=1,
         vectorize_particles=False,
         seed=None,

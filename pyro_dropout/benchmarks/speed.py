@@ -11,7 +11,7 @@ Workloads (from the project's speed issues):
 Per workload, interleaved in rounds (each method summarised by the median of its per-round
 times; ratios against baselines measured in the same rounds, so machine noise largely cancels):
 
-* **fit's step** for each of the four guides: ``SVI`` with ``fit(..., jit="auto")``'s set-up under
+* **fit's step** for each of the four guides: ``SVI`` with ``fit``'s default set-up under
   ``local_reparameterization()`` — the compiled loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`,
   ``jit="auto"``) and one fused Adam — and the same step eager (``jit=False``), against a plain
   ``nn.Dropout`` MLP step (forward, backward, Adam) of the same sizes;
@@ -411,7 +411,7 @@ def markdown(report):
     res = report["results"]
     lines = ["| method | W1 | W2 |", "| --- | --- | --- |"]
     labels = {
-        "fit": 'fit\'s step, compiled (jit="auto"), {g} + LRT',
+        "fit": 'fit\'s default step, compiled (jit="auto"), {g} + LRT',
         "eager": "fit's step with jit=False (eager), {g} + LRT",
         "tutorial": "tutorial PyroModule BNN, fit's step, {g} + LRT",
         "user-loop": "user's SVI loop, {g} + LRT vs AutoNormal without LRT",

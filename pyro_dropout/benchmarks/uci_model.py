@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import pyro
 import pyro.distributions as dist
-import pyro.ops.jit
 import torch
 from pyro import poutine
 from pyro.infer import SVI
@@ -39,7 +38,7 @@ from .. import (
     local_reparameterization,
 )
 from ..guides import init_to_glorot
-from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
+from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam, traced
 
 __all__ = [
     "GUIDES",
@@ -471,7 +470,7 @@ class _Draw:
         fn = self._compiled.get(key)
         first = fn is None
         if first:
-            fn = self._compiled[key] = pyro.ops.jit.trace(
+            fn = self._compiled[key] = traced.trace(
                 lambda x: self._eager(x, c, rows), ignore_warnings=True
             )
             t0 = time.perf_counter()

@@ -11,13 +11,13 @@ import sys
 import warnings
 import weakref
 
-import pyro.ops.jit
 import torch
 from pyro.infer.util import torch_item
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.util import warn_if_nan
 
 from ..handlers.lrt_messenger import _user_stacklevel
+from . import traced
 from .elbo import MeanFieldELBO
 
 __all__ = ["CompilationWarning", "JitMeanFieldELBO"]
@@ -95,10 +95,10 @@ class JitMeanFieldELBO(MeanFieldELBO):
     Here one trace is kept per (model, guide, argument shapes/dtypes/devices, non-tensor
     arguments, active Pyro handlers) and reused.
 
-    **Memory.** Each trace stays in TorchScript's global compilation unit for the life of the
-    process (``torch.jit.trace`` of a function registers it there): measured about 44 MB per
-    fit of a 20-200-200-1 network. Compile few, long fits rather than hundreds of short ones in
-    one process; this is why ``fit`` does not compile by default yet.
+    **Memory.** The traces belong to this ELBO and are freed with it
+    (:mod:`pyro_dropout.infer.traced`; ``pyro.ops.jit.trace`` would leave each in TorchScript's
+    global compilation unit for the life of the process, ~44 MB per fit of a 20-200-200-1
+    network).
 
     Requirements (as for any Pyro JIT ELBO): tensor inputs are passed as arguments, and nothing
     else the model and guide read changes between steps except Pyro parameters (e.g. a fixed
@@ -138,7 +138,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
         def loss(*args, **kwargs):
             return method(weakself(), model, guide, *args, **kwargs)
 
-        return pyro.ops.jit.trace(
+        return traced.trace(
             loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
         )
 

@@ -34,7 +34,7 @@ def fit(
     lr=1e-3,
     local_reparameterization=True,
     estimator="auto",
-    jit=False,
+    jit="auto",
     validate="first",
     num_particles=1,
     vectorize_particles=False,
@@ -81,14 +81,14 @@ def fit(
         dropout, for convolutions), ``"lrt"``, ``"flipout"`` or ``"per_example"``.
     :param jit: compile the loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`, Pyro's JIT:
         one checked trace per minibatch shape; 2–3× faster steps on small networks, see
-        ``docs/benchmarks/speed.md``). Not the default yet: each trace stays in TorchScript's
-        global compilation unit for the life of the process (measured: about 44 MB per fit of
-        a 20-200-200-1 network), so a process that fits hundreds of models grows; use it for
-        few, long fits. ``"auto"``: compile, and where the model
-        cannot be compiled (a trace fails, the traced graph changes with the data, a model
-        that subsamples its own plate) train eagerly with one
+        ``docs/benchmarks/speed.md``; the traces are freed with the fit). ``"auto"``
+        (default): compile, and where the model cannot be compiled (a trace fails, the traced
+        graph changes with the data, a model that subsamples its own plate, more than 16
+        minibatch shapes) train eagerly with one
         :class:`~pyro_dropout.infer.CompilationWarning` that says why; ``True``: compile or
-        raise; ``False`` (default): eager (Pyro's Python effect handling at every step).
+        raise; ``False``: eager (Pyro's Python effect handling at every step; use it for a
+        model with Python side effects a trace cannot see, or to step through it in a
+        debugger).
     :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
         globally, as by default): ``"first"`` runs them on the first step of each minibatch
         shape and skips them afterwards (they cost ~20 % of a small network's step and
@@ -190,7 +190,7 @@ def fit(
     return losses
 
 
-def make_elbo(model, jit=False, num_particles=1, vectorize_particles=False):
+def make_elbo(model, jit="auto", num_particles=1, vectorize_particles=False):
     """The ELBO ``fit`` trains with: :class:`MeanFieldELBO`, compiled
     (:class:`JitMeanFieldELBO`) unless ``jit=False``, eager with a warning where it cannot be
     compiled if ``jit="auto"``; with the model's ``max_plate_nesting`` when it declares one
