@@ -14,7 +14,9 @@ a different input element), only correlations across positions differ.
 keep mask (relaxed while training, hard otherwise) drawn per example on the layer input; its
 mask is shared by all weights reading one input channel, so for convolutions the per-example
 mask drops whole input channels, and with the slab noise added by Flipout (shared over
-positions) the rule is exact jointly over positions.
+positions) the rule is exact jointly over positions and channels. For a grouped convolution the
+kernel's input channel ``j`` is read by every group, so one mask value per example and kernel
+input channel is tiled over the groups.
 """
 
 from typing import NamedTuple
@@ -118,18 +120,21 @@ def _lrt_concrete_masked_normal(fn, x, spec):
             rate, fn.temperature, broadcast_shape(mean.shape, rate.shape), fn.relaxed
         )
         return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
-    if isinstance(spec, ConvSpec) and spec.groups > 1:
-        # The kernel sees in_channels / groups channels per group (rate: (..., C/g, 1, 1)).
-        reps = (1,) * (rate.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim
-        rate = rate.repeat(reps)
     # One mask value per example and input unit; for a convolution per example and channel
     # (the rate's kernel dims are 1, so the mask broadcasts over positions).
     if isinstance(spec, LinearSpec):
         rows = x.shape
     else:
-        rows = x.shape[: x.dim() - spec.ndim] + (1,) * spec.ndim
+        # A grouped kernel (out, C/g, *k) has one mask per *kernel* input channel, and q shares
+        # it across the g groups: channel j of every group reads the same z_j (a depthwise
+        # kernel, C/g = 1, has one mask for all channels). So draw C/g values per example and
+        # tile them over the groups; drawing C independent ones would decorrelate the groups.
+        lead = x.shape[: x.dim() - spec.ndim - 1]
+        rows = lead + (x.shape[-spec.ndim - 1] // spec.groups,) + (1,) * spec.ndim
     shape = broadcast_shape(rows, rate.shape)
     mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
+    if isinstance(spec, ConvSpec) and spec.groups > 1:
+        mask = mask.repeat((1,) * (mask.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim)
     mean = spec(x * mask, fn.loc)
     if isinstance(spec, LinearSpec):
         return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
