@@ -19,12 +19,18 @@ class LogAlphaNormal(dist.Normal):
     ``log_alpha`` directly and the local-reparameterisation rule uses :attr:`variance`; everything
     else sees an ordinary Normal with ``scale = sqrt(variance)``.
 
+    The variance is computed as :math:`\exp(\log α + \log(θ^2 + \epsilon))`, not as
+    :math:`(θ^2 + \epsilon) \cdot \exp(\log α)`: at θ = 0 variational dropout's
+    :math:`\log α = \log σ^2 - \log \epsilon` exceeds 88.7 in float32 for :math:`σ^2 \ge 5`
+    (``log tiny`` = −87.3), so ``exp(log α)`` overflows to ``inf`` and the variance and the draw
+    with it, although :math:`σ^2` itself is finite. In log space the sum is :math:`\log σ^2`.
+
     :param loc: θ. :param log_alpha: log α, broadcastable with ``loc``.
     """
 
     def __init__(self, loc, log_alpha, validate_args=None):
         loc, log_alpha = torch.broadcast_tensors(loc, log_alpha)
-        variance = (loc * loc + torch.finfo(loc.dtype).tiny) * log_alpha.exp()
+        variance = torch.exp(log_alpha + torch.log(loc * loc + torch.finfo(loc.dtype).tiny))
         super().__init__(loc, variance.sqrt(), validate_args=validate_args)
         self.log_alpha = log_alpha
         self._variance = variance

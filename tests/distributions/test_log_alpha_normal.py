@@ -66,3 +66,22 @@ def test_expand_keeps_log_alpha_and_the_variance(batch):
 def test_broadcasts_its_arguments():
     d = LogAlphaNormal(torch.randn(4, 3), torch.tensor(-2.0))
     assert d.batch_shape == (4, 3) and d.log_alpha.shape == (4, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sigma2", [1.0, 5.0, 1e3, 1e30])
+def test_variance_stays_finite_at_theta_zero(dtype, sigma2):
+    """Variational dropout's additive parameterisation gives log α = log σ² − log(θ² + tiny):
+    at θ = 0 in float32 that is log σ² + 87.3, beyond exp's range (88.7) for σ² ≥ 5, and
+    ``(θ² + tiny) · exp(log α)`` was inf (and so was the draw). The variance is σ² to the
+    rounding of log α (relative error ≤ |log α| · eps)."""
+    theta = torch.tensor([0.0, 1e-30, 1e-3, 1.0], dtype=dtype)
+    tiny = torch.finfo(dtype).tiny
+    log_alpha = torch.log(torch.tensor(sigma2, dtype=dtype)) - torch.log(theta * theta + tiny)
+    d = LogAlphaNormal(theta, log_alpha)
+    expected = torch.full_like(theta, sigma2)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(d.variance, expected, rtol=4 * eps * log_alpha.abs().max(), atol=0)
+    assert torch.isfinite(d.scale).all() and torch.isfinite(d.rsample((100,))).all()
+    assert torch.isfinite(d.log_prob(torch.zeros_like(theta))).all()
+    assert torch.isfinite(kl_divergence(d, ImproperLogUniform().expand((4,)))).all()

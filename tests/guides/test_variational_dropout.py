@@ -173,3 +173,27 @@ def test_initial_variance_is_alpha_times_theta_squared_plus_floor():
     torch.testing.assert_close(q.variance, expected, rtol=1e-5, atol=0.0)
     big = theta.abs() >= 1e-2
     torch.testing.assert_close(guide.log_alpha("w")[big], torch.full((3,), -4.0))
+
+
+@pytest.mark.parametrize("sigma2", [5.0, 1e4])
+def test_variance_and_draws_stay_finite_at_theta_zero_in_float32(sigma2):
+    """θ = 0 with σ² ≥ 5 (alpha="weight"): log α = log σ² + 87.3 overflowed exp in float32
+    and the guide emitted an infinite variance and infinite draws; the loss was inf."""
+    from pyro_dropout import local_reparameterization
+    from pyro_dropout.infer import MeanFieldELBO
+
+    pyro.set_rng_seed(0)
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(6,), tau=1.0)
+    guide = AutoVariationalDropout(model, alpha="weight")
+    guide(x, y)
+    with torch.no_grad():
+        _param(guide, "locs").zero_()
+        _param(guide, "log_sigma2").fill_(math.log(sigma2))
+    base = _weight_dist(guide, W0, x, y)
+    assert base.variance.dtype == torch.float32
+    torch.testing.assert_close(base.variance, torch.full((6, 3), sigma2), rtol=1e-5, atol=0)
+    assert torch.isfinite(base.rsample()).all()
+    assert math.isfinite(MeanFieldELBO().loss(model, guide, x, y))
+    with local_reparameterization():
+        assert math.isfinite(MeanFieldELBO().loss(model, guide, x, y))
