@@ -3,7 +3,7 @@ log-uniform prior and their KLs."""
 
 from . import kl
 from .bernoulli_masked_normal import BernoulliMaskedNormal
-from .concrete_masked_normal import ConcreteMaskedNormal, concrete_keep_mask
+from .concrete_masked_normal import ConcreteMaskedNormal, RelaxedDensityError, concrete_keep_mask
 from .improper_log_uniform import ImproperLogUniform
 from .kl import (
     kl_bernoulli_masked_normal_normal,
@@ -21,6 +21,7 @@ __all__ = [
     "ConcreteMaskedNormal",
     "ImproperLogUniform",
     "LogAlphaNormal",
+    "RelaxedDensityError",
     "kl",
     "concrete_keep_mask",
     "kl_bernoulli_masked_normal_normal",

@@ -37,7 +37,9 @@ class AutoConcreteDropout(AutoWeightGuide):
     (:func:`~pyro_dropout.distributions.kl_concrete_masked_normal_normal`; its docstring shows
     that it equals the reference regulariser
     :math:`\tfrac{l^2}{\tau N}\tfrac{\sum W'^2}{1-p} + \tfrac{2}{\tau N}K(p\log p + (1-p)\log(1-p))`
-    up to a constant and the factor :math:`2/(\tau N)`).
+    up to a constant and the factor :math:`2/(\tau N)`). Pyro's ``Trace_ELBO`` would instead
+    differentiate the hard family's ``log_prob`` at the relaxed draws (no relaxed density has a
+    closed form); that raises :class:`~pyro_dropout.distributions.RelaxedDensityError`.
 
     **Relaxed or hard masks.** The guide emits relaxed masks exactly when it is training *and*
     gradients are enabled (``guide.training and torch.is_grad_enabled()``), and hard Bernoulli
