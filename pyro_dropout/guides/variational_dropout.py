@@ -46,8 +46,9 @@ class AutoVariationalDropout(AutoWeightGuide):
 
     The emitted variance is exactly :math:`σ^2`: ``exp(log σ²)`` for ``alpha="weight"`` (the
     guide's own parameter, as the noise in Molchanov et al.'s code) and :math:`θ^2 α` for
-    ``"unit"``/``"layer"``; nothing is clipped, so training, prediction, export and the KL see
-    one distribution. (An earlier version clipped log α to ±8 with straight-through gradients
+    ``"unit"``/``"layer"`` (formed in log space, so it stays finite at θ = 0, where log α
+    alone overflows float32's exp for σ² ≥ 5); nothing is clipped, so training, prediction,
+    export and the KL see one distribution. (An earlier version clipped log α to ±8 with straight-through gradients
     when forming σ: the clip made σ depend on θ while the gradient said it did not, and with a
     Normal prior the fits under-fitted badly.) The log-uniform KL clamps log α to
     :data:`~pyro_dropout.distributions.kl.LOG_ALPHA_RANGE` = ±30 internally, where
