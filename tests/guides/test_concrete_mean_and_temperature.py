@@ -190,8 +190,10 @@ def test_log_q_of_hard_draws_stays_differentiable():
 
 @pytest.mark.parametrize("unconstrained", [-120.0, 120.0])
 def test_saturated_rates_are_kept_inside_the_open_interval(unconstrained):
-    """A drop rate's sigmoid saturates to exactly 0 or 1 in float32 (|logit| ≳ 17 / 104);
-    the rate stays inside (0, 1), so logit p, the relaxed masks, the KL and the loss and its
+    """A drop rate's sigmoid saturates in float32 (to 1 - eps above a logit of ~17, torch's
+    clamp; to 0, clamped by torch to the dtype's tiny, below ~-104). As documented, the guide
+    clamps p "away from its ends by the float epsilon": the family and ``dropout_rates()``
+    see p in [eps, 1 - eps], and logit p, the relaxed masks, the KL, the loss and its
     gradient stay finite."""
     from pyro_dropout.infer import MeanFieldELBO
 
@@ -201,7 +203,9 @@ def test_saturated_rates_are_kept_inside_the_open_interval(unconstrained):
     with torch.no_grad():
         dict(guide.named_parameters())[f"drop_rates.{name}_unconstrained"].fill_(unconstrained)
     fn = poutine.trace(guide).get_trace(x, y).nodes[name]["fn"]
-    assert ((fn.dropout_rate > 0) & (fn.dropout_rate < 1)).all()
+    eps = torch.finfo(fn.dropout_rate.dtype).eps
+    for p in (fn.dropout_rate, guide.dropout_rates()[name]):
+        assert ((p >= eps) & (p <= 1 - eps)).all(), p
     assert torch.isfinite(fn.rsample()).all()
     loss = MeanFieldELBO().differentiable_loss(guide.model, guide, x, y)
     grads = torch.autograd.grad(loss, list(guide.parameters()), allow_unused=True)

@@ -9,7 +9,7 @@ independently where q shares them (corr(out0, out1) +0.01 against +1.00 by weigh
 
 For every family (mean-field Normal, variational dropout's ``LogAlphaNormal``, MC dropout's
 ``BernoulliMaskedNormal``, ``ConcreteMaskedNormal`` with hard and relaxed masks) × layer
-(Linear, Conv1d, Conv2d, grouped Conv2d, depthwise Conv1d) × estimator whose documented claim
+(Linear, a functional ``x @ w``, Conv1d, Conv2d, grouped Conv2d, depthwise Conv1d) × estimator whose documented claim
 is "exact" (``docs/local-reparameterization.md``), this compares, on ``K = 2`` inputs:
 
 * the means and the full covariance matrix of one example's flattened output (every pair of
@@ -48,13 +48,34 @@ from ._stats import Z, cov_products, max_abs, mean_z, one_sample_z
 R = 6000
 
 FAMILIES = ("normal", "vd", "dropout", "concrete_hard", "concrete_relaxed")
-LAYERS = ("linear", "conv1d", "conv2d", "conv2d_grouped", "conv1d_depthwise")
+LAYERS = ("linear", "matmul", "conv1d", "conv2d", "conv2d_grouped", "conv1d_depthwise")
+
+
+class _Matmul:
+    """A functional model ``x @ w`` with ``w`` stored ``(in, out)``: the dropout families'
+    mask, shared along the first dim, then zeroes whole output units. (No bias: a bias added
+    with ``+ b`` in user code is used as drawn, shared by the rows.)"""
+
+    weight_shape = (4, 3)
+
+    def __call__(self, x):
+        w = pyro.sample("weight", dist.Normal(0.0, 1.0).expand(self.weight_shape).to_event(2))
+        return x @ w
+
+
+def _apply(layer, x, w, b):
+    """``layer`` applied with ``S`` weight draws: ``(S, K, *out)``, plain torch."""
+    if isinstance(layer, _Matmul):
+        return torch.einsum("sio,ki->sko", w, x)
+    return reference(layer, x, w, b)
 
 
 def _layer(kind):
     g = torch.Generator().manual_seed(11)
     if kind == "linear":
         layer, x = BayesianLinear(4, 3), torch.randn(2, 4, generator=g)
+    elif kind == "matmul":
+        layer, x = _Matmul(), torch.randn(2, 4, generator=g)
     elif kind == "conv1d":
         layer = BayesianConv1d(2, 3, kernel_size=3, padding=1)
         x = torch.randn(2, 2, 4, generator=g)
@@ -77,6 +98,8 @@ def _dists(layer, family):
     g = torch.Generator().manual_seed(5)
     shape = layer.weight_shape
     ev, out, n_in = len(shape), shape[0], shape[1]
+    if isinstance(layer, _Matmul):
+        out = shape[1]
     loc = torch.randn(shape, generator=g)
     if family == "normal":
         qw = dist.Normal(0.5 * loc, 0.1 + 0.4 * torch.rand(shape, generator=g)).to_event(ev)
@@ -84,8 +107,8 @@ def _dists(layer, family):
         qw = LogAlphaNormal(loc, torch.empty(shape).uniform_(-2.0, 0.0, generator=g))
         qw = qw.to_event(ev)
     else:
-        # Drop rates that differ between input units (kernel input channels): a rule that
-        # permutes or re-tiles masks across units or groups then gives other moments.
+        # Drop rates that differ between input units (kernel input channels; output units of
+        # ``x @ w``): a rule that permutes or re-tiles masks then gives other moments.
         rate = torch.linspace(0.2, 0.5, n_in).reshape((1, n_in) + (1,) * (ev - 2))
         if family == "dropout":
             qw = BernoulliMaskedNormal(loc, 0.2, rate, event_dim=ev)
@@ -93,6 +116,8 @@ def _dists(layer, family):
             relaxed = family == "concrete_relaxed"
             qw = ConcreteMaskedNormal(loc, 0.2, rate, 0.5, relaxed=relaxed, event_dim=ev)
     qb = dist.Normal(0.3 * torch.randn(out, generator=g), torch.full((out,), 0.3)).to_event(1)
+    if isinstance(layer, _Matmul):
+        return {"weight": qw}
     return {"weight": qw, "bias": qb}
 
 
@@ -102,7 +127,7 @@ def exact_estimators(family, kind):
     claims = ["auto", "per_example"]
     if family in ("normal", "vd"):
         claims.append("flipout")
-    if kind == "linear" or family.startswith("concrete"):
+    if kind in ("linear", "matmul") or family.startswith("concrete"):
         claims.append("lrt")  # Linear: every family; convolutions: Concrete's channel masks
     return claims
 
@@ -128,8 +153,8 @@ def _reference(family, kind):
     dists = _dists(layer, family)
     with torch.no_grad():
         w = dists["weight"].rsample((R,))
-        b = dists["bias"].rsample((R,))
-        return _flat(reference(layer, x, w, b))
+        b = dists["bias"].rsample((R,)) if "bias" in dists else None
+        return _flat(_apply(layer, x, w, b))
 
 
 def _estimator_draws(family, kind, estimator, seed=0):
