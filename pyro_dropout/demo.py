@@ -167,7 +167,7 @@ def build_guides(model, dropout_rate: float = 0.1) -> dict:
 
 def _bands(model, guide, x, num_samples):
     """(mean, sd) over ``num_samples`` weight draws: each draw is one coherent function."""
-    pred = predict(model, guide, x, num_samples=num_samples, local_reparameterization=False)
+    pred = predict(model, guide, x, num_samples=num_samples)  # weight draws (the default)
     return pred.mean[:, 0].numpy(), pred.stddev[:, 0].numpy()
 
 

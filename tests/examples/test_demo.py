@@ -47,7 +47,7 @@ def test_main_trains_the_compiled_loss(tmp_path, monkeypatch):
     calls, real_fit = [], demo.fit
 
     def spy(*args, **kwargs):
-        calls.append(kwargs.get("jit"))
+        calls.append(kwargs.get("jit", "auto"))  # fit compiles by default
         return real_fit(*args, **kwargs)
 
     monkeypatch.setattr(demo, "fit", spy)
