@@ -21,6 +21,13 @@ Nothing is monkey-patched. A weight that reaches an operation without a rule (an
 use, an unsupported op, a family without a rule) is used as drawn, and the messenger warns once
 per site naming the site and the operation (``strict=True`` raises instead).
 
+A site used by more than one operation in one run of the model (tied weights, a layer applied
+twice) is sampled once per run and used as drawn at every use, with one warning per site:
+per-example noise at each use would give each use its own weights, a different model. The
+library's guides announce such sites on their draws (``infer={"weight_uses": n}``, counted in
+their set-up run), so this holds from the first use; otherwise the messenger finds the reuse at
+the second use, and the run in which it did mixed the two.
+
 The innermost messenger of this class decides: :func:`weight_draws` (``estimator="weights"``)
 inside a ``local_reparameterization()`` block gives weight draws again, broadcast over sample
 dimensions, which is how code that promises weight draws (``predict(...,
@@ -487,6 +494,10 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     one weight draw per example for MC dropout's family, both exact for q jointly over
     positions); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one estimator everywhere
     (see ``docs/local-reparameterization.md``).
+
+    A weight used by more than one operation in one run of the model (a tied autoencoder's
+    ``W`` and ``W.T``, a layer applied twice) is not reparameterised: it is sampled once per
+    run and used as drawn at every use (exact for q, noisier), see the module docs.
 
     Never silent: a guided weight used by another operation, a family without a rule (e.g. the
     Delta of Pyro's ``AutoNormal``) or a weight used twice in one run triggers a
