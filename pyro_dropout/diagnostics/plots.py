@@ -234,11 +234,14 @@ def plot_compare(table_or_fits: Any, *, path: Any = None) -> Any:
     flags = {k: v for k, v in (table.attrs.get("reliability") or {}).items() if k in table.index}
     for ax in fig.axes:
         labels = ax.get_yticklabels()
-        if any(t.get_text() in flags for t in labels):
+        if any(t.get_text() in flags for t in labels):  # ArviZ 0.23: fits are y tick labels
             ax.set_yticks(
                 ax.get_yticks(),
                 [t.get_text() + (" !" if t.get_text() in flags else "") for t in labels],
             )
+        for t in ax.texts:  # arviz-plots may write the names as text artists
+            if t.get_text() in flags:
+                t.set_text(t.get_text() + " !")
     _add_footnote(fig, flags)
     return _finish(fig, path)
 

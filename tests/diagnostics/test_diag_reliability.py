@@ -135,7 +135,7 @@ def test_plots_flag_unreliable_fits(fits):
     assert "held-out scores" in "".join(t.get_text() for t in fig.texts)
     plt.close(fig)
     fig = plot_compare(compare(fits))
-    labels = " ".join(t.get_text() for ax in fig.axes for t in ax.get_yticklabels())
+    labels = " ".join(t.get_text() for ax in fig.axes for t in [*ax.get_yticklabels(), *ax.texts])
     assert "wide !" in labels and "exact !" not in labels
     assert "PSIS-LOO unreliable" in "".join(t.get_text() for t in fig.texts)
     plt.close(fig)
