@@ -9,7 +9,11 @@ is passed to every guide, and each fit trains the compiled loss (``fit``'s defau
 half the CPU time of the eager loss here). The script then
 
 * prints the :func:`~pyro_dropout.diagnostics.compare` table (PSIS-LOO on the training
-  years, VI k̂, held-out scores on 1990-2001), and
+  years, VI k̂, held-out scores on 1990-2001) with the unreliable numbers marked ``!`` and one
+  line per kind of flag below it
+  (:func:`~pyro_dropout.diagnostics.reliability.format_table`): on this network PSIS-LOO's
+  k̂ exceeds its threshold at most training points, ``p_loo`` can exceed the number of points
+  and the VI k̂ is far beyond its range, so the held-out columns are the ones to rank by; and
 * writes the predictive-band figure in the style of Gal & Ghahramani (2016, Fig. 1): one
   panel per guide plus **standard dropout with weight averaging**, i.e. the
   :class:`~pyro_dropout.AutoDropout` fit evaluated once, deterministically, with its mean
@@ -167,7 +171,7 @@ def build_guides(model, dropout_rate: float = 0.1) -> dict:
 
 def _bands(model, guide, x, num_samples):
     """(mean, sd) over ``num_samples`` weight draws: each draw is one coherent function."""
-    pred = predict(model, guide, x, num_samples=num_samples, local_reparameterization=False)
+    pred = predict(model, guide, x, num_samples=num_samples)  # weight draws (the default)
     return pred.mean[:, 0].numpy(), pred.stddev[:, 0].numpy()
 
 
@@ -273,21 +277,16 @@ def main(argv: list[str] | None = None):
         )
     finally:
         torch.set_num_threads(threads)
+    from .diagnostics.reliability import format_table
+
     cols = [c for c in TABLE_COLUMNS if c in table.columns]
-    with _pandas_display():
-        print(
-            "\nArviZ comparison (LOO on 1958-1989, held-out scores on 1990-2001, "
-            "standardised units):"
-        )
-        print(table[cols].round(3).to_string())
+    print(
+        "\nArviZ comparison (LOO on 1958-1989, held-out scores on 1990-2001, "
+        "standardised units; ! = unreliable, see below):"
+    )
+    print(format_table(table, cols))
     print(f"\nfigure: {path.resolve()}  ({time.perf_counter() - start:.0f} s)")
     return table, path
-
-
-def _pandas_display():
-    import pandas as pd
-
-    return pd.option_context("display.width", 120, "display.max_columns", 20)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from .fidelity import (
     agreement,
     fidelity_scores,
     reference_interval_coverage,
+    reference_noise_floor,
     sd_ratio,
     total_variation,
     wasserstein_1d,
@@ -41,11 +42,13 @@ from .reference import (
     predictive_convergence,
     reference_posterior,
 )
+from .reliability import CompareTable, format_table
 from .samples import ensemble_inference_data, samples_inference_data
 from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
 
 __all__ = [
     "ARVIZ_VERSION",
+    "CompareTable",
     "RHAT_THRESHOLD",
     "ReferenceConvergenceWarning",
     "IS_ARVIZ_1",
@@ -58,6 +61,7 @@ __all__ = [
     "ensemble_inference_data",
     "expected_calibration_error",
     "fidelity_scores",
+    "format_table",
     "from_netcdf",
     "guide_info",
     "held_out_scores",
@@ -76,6 +80,7 @@ __all__ = [
     "predictive_convergence",
     "reference_posterior",
     "reference_interval_coverage",
+    "reference_noise_floor",
     "reliability_curve",
     "rmse",
     "samples_inference_data",

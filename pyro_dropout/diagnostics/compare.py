@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,8 @@ from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
 from .export import to_inference_data
-from .fidelity import fidelity_scores
+from .fidelity import fidelity_scores, reference_noise_floor
+from .reliability import CompareTable, as_compare_table, loo_flags, n_params, vi_flags
 from .samples import ensemble_inference_data
 from .vi_diagnostic import vi_diagnostic
 
@@ -117,13 +119,44 @@ def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
         return dict(fits)
     if kwargs["x"] is None or kwargs["y"] is None:
         raise ValueError("(model, guide) pairs need the training data: pass x= and y=")
-    out = {}
-    for name, fit in fits.items():
-        if isinstance(fit, list):
-            out[name] = ensemble_inference_data(fit, **kwargs)
-        else:
-            out[name] = to_inference_data(*fit, **kwargs)
-    return out
+    return {name: (lambda fit=fit: _export(fit, **kwargs)) for name, fit in fits.items()}
+
+
+def _export(fit: Any, **kwargs: Any) -> Any:
+    if isinstance(fit, list):
+        return ensemble_inference_data(fit, **kwargs)
+    return to_inference_data(*fit, **kwargs)
+
+
+def _reference_info(reference: Any, intervals: Sequence[float]) -> tuple[dict, str, bool]:
+    """The reference's R-hat / ESS and noise-floor columns, its one-line note, and whether its
+    R-hat is above its threshold."""
+    from .reference import RHAT_THRESHOLD
+
+    attrs = rd.attrs(reference)
+    cols = {
+        "ref_rhat": float(attrs.get("fn_rhat_max", np.nan)),
+        "ref_ess_bulk": float(attrs.get("fn_ess_bulk_min", np.nan)),
+        "ref_ess_tail": float(attrs.get("fn_ess_tail_min", np.nan)),
+    }
+    floor = reference_noise_floor(reference, intervals)
+    split = floor.pop("split")
+    cols.update(floor)
+    what = attrs.get("fn_convergence_variable", "the predictions")
+    rhat = cols["ref_rhat"]
+    if np.isnan(rhat):
+        conv = f"R-hat not available ({what})"
+    else:
+        conv = (
+            f"function-space R-hat max {rhat:.3f} (threshold {RHAT_THRESHOLD}), "
+            f"bulk ESS min {cols['ref_ess_bulk']:.0f}, tail ESS min {cols['ref_ess_tail']:.0f}"
+        )
+    floors = ", ".join(f"{k.removesuffix('_floor')} {v:.3g}" for k, v in floor.items())
+    note = (
+        f"{rd.family(reference)} reference: {conv}. Noise floor ({split}): {floors}; "
+        "ref_* differences smaller than the floor (columns *_floor) do not rank fits."
+    )
+    return cols, note, bool(rhat > RHAT_THRESHOLD)
 
 
 def compare(
@@ -142,7 +175,8 @@ def compare(
     sort_by: str = "elpd_loo",
     reference: Any = None,
     reference_intervals: Sequence[float] = (0.5, 0.9),
-) -> pd.DataFrame:
+    on_error: str = "row",
+) -> CompareTable:
     """Compare variational fits in one table, one row per fit.
 
     ``fits`` maps names to either ArviZ objects (from :func:`to_inference_data`,
@@ -175,7 +209,28 @@ def compare(
       ref_cov50, ref_cov90`` (regression; one coverage per ``reference_intervals``) or
       ``ref_agreement, ref_tv`` (classification). Izmailov et al. (2021); Wilson et al.
       (2022), the NeurIPS 2021 approximate-inference competition.
-    * ``family, num_samples``: from the export's attributes.
+      With ``reference``, also ``ref_rhat, ref_ess_bulk, ref_ess_tail`` (the reference's
+      largest function-space R-hat and smallest ESS, the same in every row) and the noise
+      floor of each score, ``ref_w1_floor, ...``: the same score between two halves of the
+      reference's own chains (:func:`~pyro_dropout.diagnostics.fidelity.reference_noise_floor`);
+      differences between fits smaller than it do not rank them.
+    * ``flags``: what makes this row's numbers unreliable, short (empty when nothing does):
+      ``k>0.70 at 38%`` (share of points whose PSIS-LOO k-hat exceeds ``good_k``),
+      ``k=inf at 60/398``, ``p_loo>N=...`` / ``p_loo>p=...`` (``p_loo`` above the number of
+      points or of parameters: loo package glossary), ``VI k=21.3 beyond range`` (VI k-hat
+      >= 0.7), ``failed``, ``ref R-hat ...``. See :mod:`pyro_dropout.diagnostics.reliability`.
+    * ``family, num_samples``: from the export's attributes; ``error`` (only when a fit
+      failed): why.
+
+    The table is a :class:`~pyro_dropout.diagnostics.reliability.CompareTable`, a
+    ``DataFrame`` whose printed and HTML forms mark the flagged numbers with ``!`` and add one
+    line per kind of flag saying what it means and what to use instead (held-out scores, the
+    reference), and a line on the reference; ``table.attrs["reliability"]`` holds the flags.
+
+    **A fit that fails** (e.g. ``AutoLaplaceApproximation`` whose Hessian is not positive
+    definite, a fit with too few draws for PSIS) gets a row of NaN with the reason in
+    ``error`` and a ``UserWarning`` (``on_error="raise"`` raises instead); when every fit
+    fails, the first error is raised.
 
     Fits without a density ``q`` (MCMC, ensembles) get ``vi_khat`` NaN and a
     ``vi_diagnosis`` that says why.
@@ -189,9 +244,12 @@ def compare(
         sort_by: ``"elpd_loo"`` (ArviZ's rank) or ``"test_lpd"`` (best held-out density first).
         reference: an ArviZ export of the reference posterior, or None (no fidelity columns).
         reference_intervals: central intervals of the reference for ``ref_cov*``.
+        on_error: ``"row"`` (a failing fit gets a row with the reason, and a warning) or
+            ``"raise"``.
 
     Raises:
-        ValueError: empty or mixed ``fits``, pairs without ``x``/``y``, unknown ``sort_by``.
+        ValueError: empty or mixed ``fits``, pairs without ``x``/``y``, unknown ``sort_by``
+            or ``on_error``; the first fit's error when every fit fails.
 
     Example:
         >>> table = compare({"mc_dropout": idata_mcd, "bbb": idata_mf, "vd": idata_vd})
@@ -205,6 +263,8 @@ def compare(
         )
     if sort_by not in ("elpd_loo", "test_lpd"):
         raise ValueError(f"sort_by must be 'elpd_loo' or 'test_lpd'; got {sort_by!r}")
+    if on_error not in ("row", "raise"):
+        raise ValueError(f"on_error must be 'row' or 'raise'; got {on_error!r}")
     fits = _as_fits(
         fits,
         x=x,
@@ -215,40 +275,88 @@ def compare(
         obs_name=obs_name,
         parallel=parallel,
     )
-    loos = {name: loo(d) for name, d in fits.items()}
-    table = compat.compare_loo(loos, method=method)
+    ref_cols, ref_note, ref_unconverged = ({}, None, False)
+    if reference is not None:
+        ref_cols, ref_note, ref_unconverged = _reference_info(reference, reference_intervals)
 
-    rows = {}
-    for name, d in fits.items():
-        lr, vi = loos[name], vi_diagnostic(d)
-        rows[name] = {
-            "loo_warning": lr.warning,
-            "loo_max_k": float(np.max(lr.pareto_k)),
-            "loo_n_high_k": int(np.sum(lr.pareto_k > lr.good_k)),
-            "loo_good_k": lr.good_k,
-            "vi_khat": vi["khat"],
-            "vi_diagnosis": vi["diagnosis"],
-            **held_out_scores(d, intervals, n_bins),
-            **(fidelity_scores(d, reference, reference_intervals) if reference is not None else {}),
-            "family": rd.family(d),
-            "num_samples": lr.n_samples,
-        }
+    loos, rows, flags, errors, first_error = {}, {}, {}, {}, None
+    for name, fit in fits.items():
+        try:
+            d = fit() if callable(fit) and not compat.is_arviz_object(fit) else fit
+            lr, vi = loo(d), vi_diagnostic(d)
+            row = {
+                "loo_warning": lr.warning,
+                "loo_max_k": float(np.max(lr.pareto_k)),
+                "loo_n_high_k": int(np.sum(lr.pareto_k > lr.good_k)),
+                "loo_good_k": lr.good_k,
+                "vi_khat": vi["khat"],
+                "vi_diagnosis": vi["diagnosis"],
+                **held_out_scores(d, intervals, n_bins),
+                **(
+                    fidelity_scores(d, reference, reference_intervals)
+                    if reference is not None
+                    else {}
+                ),
+                **ref_cols,
+                "family": rd.family(d),
+                "num_samples": lr.n_samples,
+            }
+        except Exception as e:  # noqa: BLE001 - reported in the row, or re-raised below
+            if on_error == "raise":
+                raise
+            first_error = first_error or e
+            errors[name] = f"{type(e).__name__}: {e}"  # in full in the warning below
+            flags[name] = [("failed", "failed")]
+            continue
+        loos[name], rows[name] = lr, row
+        flags[name] = [
+            *loo_flags(lr.pareto_k, lr.good_k, lr.p, n_params(d)),
+            *vi_flags(vi["khat"], vi["point_mass"]),
+            *([("ref_rhat", f"ref R-hat {ref_cols['ref_rhat']:.3f}")] if ref_unconverged else []),
+        ]
+    if not loos:  # every fit failed: nothing to compare, the first error is the answer
+        raise first_error
+    for name, reason in errors.items():
+        warnings.warn(
+            f"compare: fit {name!r} failed and gets an empty row (column 'error'): {reason}",
+            UserWarning,
+            stacklevel=2,
+        )
+    table = compat.compare_loo(loos, method=method)
     extra = pd.DataFrame.from_dict(rows, orient="index")
     table = table.join(extra)
+    table["flags"] = ["; ".join(short for _, short in flags[name]) for name in table.index]
+    if errors:
+        failed = pd.DataFrame(index=list(errors))
+        failed["flags"] = "failed"
+        # the message's first line (Pyro appends the trace's shapes to errors in a model)
+        failed["error"] = pd.Series({k: v.splitlines()[0] for k, v in errors.items()})
+        table = pd.concat([table, failed])
+        table["rank"] = table["rank"].astype("Int64")
+        table["error"] = table["error"].fillna("")
     test_cols = ["test_lpd", "test_rmse", *map(_coverage_column, intervals)]
     test_cols += ["test_accuracy", "test_ece", "test_brier"]
-    test_cols += [
+    ref_scores = [
         "ref_w1",
         "ref_sd_ratio",
         *(f"ref_cov{round(100 * p):d}" for p in reference_intervals),
     ]
-    test_cols += ["ref_agreement", "ref_tv"]
-    head = [c for c in table.columns if c not in test_cols + ["family", "num_samples"]]
-    table = table[head + [c for c in test_cols if c in table] + ["family", "num_samples"]]
+    ref_scores += ["ref_agreement", "ref_tv"]
+    test_cols += ref_scores + [f"{c}_floor" for c in ref_scores]
+    test_cols += ["ref_rhat", "ref_ess_bulk", "ref_ess_tail"]
+    tail = ["family", "num_samples", "error"]
+    head = [c for c in table.columns if c not in test_cols + tail]
+    table = table[head + [c for c in test_cols if c in table] + [c for c in tail if c in table]]
     if sort_by == "test_lpd":
         if "test_lpd" not in table or table["test_lpd"].isna().all():
             raise ValueError("sort_by='test_lpd' needs fits exported with x_test and y_test")
         table = table.sort_values("test_lpd", ascending=False)
-    table.attrs["arviz_version"] = compat.ARVIZ_VERSION
-    table.attrs["method"] = method
-    return table
+    attrs = {
+        "arviz_version": compat.ARVIZ_VERSION,
+        "method": method,
+        "reliability": {name: fl for name, fl in flags.items() if fl},
+        "errors": {k: v.splitlines()[0] for k, v in errors.items()},
+    }
+    if ref_note:
+        attrs["reference_note"] = ref_note
+    return as_compare_table(table, attrs)

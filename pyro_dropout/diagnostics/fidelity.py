@@ -36,6 +36,13 @@ Regression, from predictive draws :math:`\\tilde y_{sj}` (noise included) of bot
 
 All scores are Monte Carlo estimates: even a fit drawn from the reference itself scores a
 small positive W1 and TV that shrink as both have more draws.
+
+**Noise floor.** :func:`reference_noise_floor` computes every score between two halves of the
+reference's own chains (chains ``0 .. C/2 - 1`` against the rest; the first against the second
+half of the draws when there is one chain). It is what the scores read when both sides are
+the same posterior, up to Monte Carlo error and disagreement between chains: a difference
+between two fits' ``ref_w1`` smaller than ``ref_w1_floor`` does not rank them.
+:func:`~pyro_dropout.diagnostics.compare` adds it as ``<score>_floor`` columns.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ __all__ = [
     "agreement",
     "fidelity_scores",
     "reference_interval_coverage",
+    "reference_noise_floor",
     "sd_ratio",
     "total_variation",
     "wasserstein_1d",
@@ -245,9 +253,17 @@ def fidelity_scores(
         raise ValueError(f"the fit is {task} and the reference {rd.task(reference)}")
     group, _ = _group_pair(fit, reference)
     if task == "classification":
-        p, q = _class_probs(fit, group, obs), _class_probs(reference, group, obs)
-        return {"ref_agreement": agreement(p, q), "ref_tv": total_variation(p, q)}
-    yf, yr = rd.draws(fit, group, obs), rd.draws(reference, group, obs)
+        return _class_scores(_class_probs(fit, group, obs), _class_probs(reference, group, obs))
+    return _regression_scores(rd.draws(fit, group, obs), rd.draws(reference, group, obs), intervals)
+
+
+def _class_scores(p: np.ndarray, q: np.ndarray) -> dict[str, float]:
+    return {"ref_agreement": agreement(p, q), "ref_tv": total_variation(p, q)}
+
+
+def _regression_scores(
+    yf: np.ndarray, yr: np.ndarray, intervals: Sequence[float]
+) -> dict[str, float]:
     if yf.shape[1:] != yr.shape[1:]:
         raise ValueError(f"predictive draws differ in shape: {yf.shape[1:]} vs {yr.shape[1:]}")
     # one column per (point, output): every output of a multi-output model counts as a point
@@ -259,3 +275,63 @@ def fidelity_scores(
     for prob in intervals:
         out[_coverage_column(prob)] = float(np.mean(reference_interval_coverage(yf, yr, prob)))
     return out
+
+
+def _halves(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """Split ``(chain, draw, ...)`` into two halves of chains (of draws for one chain), each
+    with chain and draw merged."""
+    n_chains, n_draws = values.shape[:2]
+    if n_chains >= 2:
+        half = n_chains // 2
+        a, b = values[:half], values[half:]
+        how = f"chains 0-{half - 1} against {half}-{n_chains - 1}"
+    else:
+        if n_draws < 4:
+            raise ValueError(
+                f"the reference has one chain of {n_draws} draws: the noise floor splits it "
+                "in two halves and needs at least 4 draws"
+            )
+        half = n_draws // 2
+        a, b = values[:, :half], values[:, half:]
+        how = f"draws 0-{half - 1} against {half}-{n_draws - 1} of its one chain"
+    return a.reshape((-1, *a.shape[2:])), b.reshape((-1, *b.shape[2:])), how
+
+
+def reference_noise_floor(
+    reference: Any, intervals: Sequence[float] = (0.5, 0.9), group: str | None = None
+) -> dict[str, Any]:
+    """The fidelity scores between two halves of the reference's own chains (module docs).
+
+    Args:
+        reference: an export with several chains (e.g. from
+            :func:`~pyro_dropout.diagnostics.reference_posterior`).
+        intervals: as for :func:`fidelity_scores`.
+        group: ``"predictions"`` (the test inputs; default when present) or
+            ``"posterior_predictive"``.
+
+    Returns:
+        ``{"<score>_floor": value, ..., "split": "chains 0-1 against 2-3"}``, one entry per
+        score of :func:`fidelity_scores` for the reference's task.
+
+    Example:
+        >>> reference_noise_floor(ref)["ref_w1_floor"]  # doctest: +SKIP
+        0.018
+    """
+    obs = rd.obs_name(reference)
+    if group is None:
+        group = (
+            "predictions"
+            if compat.has_group(reference, "predictions")
+            else ("posterior_predictive")
+        )
+    ds = compat.get_group(reference, group)
+    if rd.task(reference) == "classification":
+        var = f"{obs}_probs"
+        if var not in ds:
+            _class_probs(reference, group, obs)  # raises, saying what is missing
+        a, b, how = _halves(np.asarray(ds[var].transpose("chain", "draw", ...).values))
+        scores = _class_scores(a.mean(axis=0), b.mean(axis=0))
+    else:
+        a, b, how = _halves(np.asarray(ds[obs].transpose("chain", "draw", ...).values))
+        scores = _regression_scores(a, b, intervals)
+    return {**{f"{k}_floor": v for k, v in scores.items()}, "split": how}

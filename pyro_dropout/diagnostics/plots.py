@@ -9,6 +9,10 @@
 * :func:`plot_compare`: ArviZ's model-comparison plot of the :func:`compare` table.
 * :func:`plot_khat`: pointwise PSIS-LOO k-hat per fit (ArviZ's ``plot_khat`` on 0.23, a
   matplotlib equivalent on 1.x), with the VI k-hat of each fit in its title.
+
+:func:`plot_compare` and :func:`plot_khat` flag what makes a fit's numbers unreliable
+(:mod:`pyro_dropout.diagnostics.reliability`): the fit's label or title gets a ``!`` and its
+flags, and the figure a footnote saying what each flag means and what to use instead.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
+from .reliability import fit_flags, footnote
 from .vi_diagnostic import vi_diagnostic
 
 __all__ = ["plot_calibration", "plot_compare", "plot_khat", "plot_predictive_bands"]
@@ -52,6 +57,19 @@ def _panels(n: int, ncols: int | None, panel_size: tuple[float, float]):
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     return fig, axes.ravel()[:n]
+
+
+def _add_footnote(fig: Any, flags: Mapping[str, Any]) -> None:
+    text = footnote({k: v for k, v in flags.items() if v})
+    if not text:
+        return
+    # below everything the axes draw (tick labels, x label), in figure coordinates
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+    bottom = min([b.y0 for b in boxes if b is not None] or [0.0]) / fig.bbox.height
+    fig.text(
+        0.0, min(bottom, 0.0) - 0.02, text, ha="left", va="top", fontsize="x-small", color="C3"
+    )
 
 
 def _finish(fig: Any, path: Any) -> Any:
@@ -210,14 +228,31 @@ def plot_compare(table_or_fits: Any, *, path: Any = None) -> Any:
     table = table_or_fits
     if not isinstance(table, pd.DataFrame):
         table = compare(_as_dict(table_or_fits))
-    return _finish(compat.plot_compare(table), path)
+    if "error" in table:  # failed fits have no LOO to draw
+        table = table[table["error"] == ""]
+    fig = compat.plot_compare(table)
+    flags = {k: v for k, v in (table.attrs.get("reliability") or {}).items() if k in table.index}
+    for ax in fig.axes:
+        labels = ax.get_yticklabels()
+        if any(t.get_text() in flags for t in labels):  # ArviZ 0.23: fits are y tick labels
+            ax.set_yticks(
+                ax.get_yticks(),
+                [t.get_text() + (" !" if t.get_text() in flags else "") for t in labels],
+            )
+        for t in ax.texts:  # arviz-plots may write the names as text artists
+            if t.get_text() in flags:
+                t.set_text(t.get_text() + " !")
+    _add_footnote(fig, flags)
+    return _finish(fig, path)
 
 
 def plot_khat(fits: Any, *, ncols: int | None = None, path: Any = None) -> Any:
     """Pointwise PSIS-LOO Pareto k-hat per fit; the title gives the fit's VI k-hat.
 
     Points above the dotted line (``good_k``) make that observation's LOO estimate unreliable;
-    the VI k-hat (Yao et al. 2018) judges the guide as a whole.
+    the VI k-hat (Yao et al. 2018) judges the guide as a whole. A flagged fit's title ends in
+    ``!`` and its flags (share of points above ``good_k``, infinite k-hat, ``p_loo`` out of
+    range, VI k-hat beyond its range); the footnote says what each means.
 
     Example:
         >>> fig = plot_khat({"mc_dropout": idata1, "bbb": idata2}, path="khat.png")
@@ -227,8 +262,10 @@ def plot_khat(fits: Any, *, ncols: int | None = None, path: Any = None) -> Any:
 
     fits = _as_dict(fits)
     fig, axes = _panels(len(fits), ncols, (4.5, 3.2))
+    all_flags = {}
     for ax, (name, d) in zip(axes, fits.items(), strict=True):
         lr = loo(d)
+        all_flags[name] = flags = fit_flags(d)
         compat.plot_khat(lr, ax)
         n_inf = int(np.sum(~np.isfinite(lr.pareto_k)))
         if n_inf:
@@ -242,5 +279,9 @@ def plot_khat(fits: Any, *, ncols: int | None = None, path: Any = None) -> Any:
                 va="center",
                 color="C3",
             )
-        ax.set_title(f"{name}: VI k-hat = {vi_diagnostic(d)['khat']:.2f}")
+        title = f"{name}: VI k-hat = {vi_diagnostic(d)['khat']:.2f}"
+        if flags:
+            title += "\n! " + "; ".join(short for _, short in flags)
+        ax.set_title(title, fontsize="medium", color="C3" if flags else "k")
+    _add_footnote(fig, all_flags)
     return _finish(fig, path)

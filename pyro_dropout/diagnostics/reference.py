@@ -21,10 +21,11 @@ import json
 import multiprocessing
 import os
 import pickle
+import sys
 import time
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,86 @@ def _run_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
         pyro.enable_validation(saved[2])
 
 
+#: In a worker process: the queue that reports each chain's progress to the parent
+#: (set by :func:`_init_worker`; None in the parent and without ``progress``).
+_PROGRESS_QUEUE: Any = None
+#: Seconds between two progress reports of one chain.
+_PROGRESS_EVERY_S = 0.25
+
+
+def _init_worker(queue: Any) -> None:
+    global _PROGRESS_QUEUE
+    _PROGRESS_QUEUE = queue
+
+
+def _progress_hook(queue: Any, chain: int, spec: Mapping[str, Any]):
+    """Pyro's ``hook_fn``: report ``(chain, iterations done)`` at most every 0.25 s."""
+    warmup, total = spec["num_warmup"], spec["num_warmup"] + spec["num_samples"]
+    last = [0.0]
+
+    def hook(kernel, params, stage, i):
+        done = i + 1 + (warmup if stage.startswith("Sample") else 0)
+        now = time.monotonic()
+        if now - last[0] >= _PROGRESS_EVERY_S or done == total:
+            last[0] = now
+            queue.put((chain, done))
+
+    return hook
+
+
+def _run_parallel(specs: list[dict], processes: int, progress: bool) -> list[dict[str, Any]]:
+    """The chains in ``processes`` spawned workers; with ``progress``, one bar per chain and
+    one line per finished chain (stderr; widgets in a notebook)."""
+    ctx = multiprocessing.get_context("spawn")  # fork + torch threads can deadlock
+    queue = ctx.Queue() if progress else None
+    with ProcessPoolExecutor(
+        max_workers=processes, mp_context=ctx, initializer=_init_worker, initargs=(queue,)
+    ) as pool:
+        futures = [pool.submit(_run_chain, s) for s in specs]
+        if not progress:
+            return [f.result() for f in futures]
+        from tqdm.auto import tqdm
+
+        total = specs[0]["num_warmup"] + specs[0]["num_samples"]
+        bars = [
+            tqdm(total=total, desc=f"NUTS chain {c}", position=c, unit="it", leave=True)
+            for c in range(len(specs))
+        ]
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(
+                    pending, timeout=_PROGRESS_EVERY_S, return_when=FIRST_COMPLETED
+                )
+                _drain(queue, bars)
+                for f in done:
+                    c = futures.index(f)
+                    r = f.result()  # a failed chain raises here
+                    bars[c].update(total - bars[c].n)
+                    bars[c].set_postfix_str("done", refresh=True)
+                    bars[c].write(
+                        f"NUTS chain {c} finished: {r['wall_s']:.1f} s, "
+                        f"{len(r['divergences'])} divergences, acceptance {r['accept_rate']:.2f}, "
+                        f"step size {r['step_size']:.3g}",
+                        file=sys.stderr,  # with the bars (tqdm.write's default is stdout)
+                    )
+        finally:
+            for b in bars:
+                b.close()
+        return [f.result() for f in futures]
+
+
+def _drain(queue: Any, bars: list) -> None:
+    import queue as queue_mod
+
+    while True:
+        try:
+            chain, done = queue.get_nowait()
+        except queue_mod.Empty:
+            return
+        bars[chain].update(max(0, done - bars[chain].n))
+
+
 def _nuts_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
     pyro.set_rng_seed(spec["seed"])
     model = spec["model"]
@@ -100,12 +181,16 @@ def _nuts_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
         target_accept_prob=spec["target_accept_prob"],
         init_strategy=strategy,
     )
+    queue = _PROGRESS_QUEUE if spec.get("progress_queue") else None
     mcmc = MCMC(
         kernel,
         num_samples=spec["num_samples"],
         warmup_steps=spec["num_warmup"],
         num_chains=1,
-        disable_progbar=not spec["progress"],
+        # in a worker, Pyro's bar would interleave with the other workers' on one terminal:
+        # the parent draws one bar per chain from what the hook reports instead
+        disable_progbar=not spec["progress"] or queue is not None,
+        hook_fn=None if queue is None else _progress_hook(queue, spec.get("chain", 0), spec),
     )
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -127,23 +212,69 @@ def _nuts_chain(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _picklable(model: Any) -> Any:
-    """``model`` itself if ``pickle`` can send it to a spawned process, else cloudpickle bytes
-    (the library's layers hold lambdas, which plain pickle refuses)."""
+def _main_objects(model: Any) -> list[str]:
+    """Names of the classes and functions defined in ``__main__`` that pickling ``model``
+    refers to by name (plain pickle saves classes and functions by reference)."""
+    found: list[str] = []
+
+    class _Finder(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> None:
+            if (
+                isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__")
+            ) and getattr(obj, "__module__", None) == "__main__":
+                name = getattr(obj, "__qualname__", repr(obj))
+                if name not in found:
+                    found.append(name)
+            return None
+
+    import io
+
     try:
-        pickle.dumps(model)
-        return model
-    except Exception:  # noqa: BLE001 - any pickling failure
-        pass
+        _Finder(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(model)
+    except Exception:
+        if not found:
+            raise
+        # e.g. a class whose name does not resolve in __main__: cloudpickle sends it by value
+    return found
+
+
+def _main_without_file() -> bool:
+    """Whether ``__main__`` cannot be re-imported by a spawned worker (a notebook, a REPL,
+    ``python -c``): spawn re-runs ``__main__`` from its file, and only when it has one."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return not path or not os.path.exists(path)
+
+
+def _picklable(model: Any) -> tuple[Any, str | None]:
+    """``(model or its cloudpickle bytes, None)`` to send to a spawned worker, or
+    ``(None, reason)`` when it cannot be sent.
+
+    Plain pickle refers to classes by name; a worker cannot import a class defined in a
+    notebook or ``python -c`` (``__main__`` without a file): "Can't get attribute 'Tiny' on
+    <module '__main__'>". Such models, and models plain pickle refuses (this library's layers
+    hold lambdas), go by value with cloudpickle.
+    """
+    try:
+        in_main = _main_objects(model)
+    except Exception:  # noqa: BLE001 - plain pickle refuses it: cloudpickle below
+        in_main = None
+    if in_main == [] or (in_main and not _main_without_file()):
+        return model, None
+    why = (
+        f"{', '.join(in_main)} {'is' if len(in_main) == 1 else 'are'} defined in __main__, which "
+        "worker processes cannot import (a notebook, a REPL or python -c)"
+        if in_main
+        else "plain pickle cannot send the model to a worker process"
+    )
     try:
         import cloudpickle
     except ImportError:
-        raise ValueError(
-            "the model cannot be pickled for a worker process (and cloudpickle is not "
-            "installed): pass processes=1 to run the chains one after the other, or "
-            "pip install cloudpickle"
-        ) from None
-    return cloudpickle.dumps(model)
+        return None, f"{why}, and cloudpickle is not installed (pip install cloudpickle)"
+    try:
+        return cloudpickle.dumps(model), None
+    except Exception as e:  # noqa: BLE001 - any pickling failure, reported
+        return None, f"{why}, and cloudpickle failed too ({type(e).__name__}: {e})"
 
 
 def _init_values(model: Any, guide: Any, x: Any, y: Any, seed: int) -> dict[str, torch.Tensor]:
@@ -249,16 +380,21 @@ def reference_posterior(
         init_from: a fitted guide (any guide callable as ``guide(x, y)``): each chain starts
             from its own draw of it; by default Pyro's ``init_to_uniform``.
         processes: worker processes (default: as many as chains and cores allow; 1 runs the
-            chains here, one after the other). Workers are spawned, so the model is pickled
-            (cloudpickle where plain pickle fails) and a script that calls this needs the
+            chains here, one after the other). Workers are spawned, so the model is pickled:
+            by value with cloudpickle where plain pickle fails or where its class is defined in
+            a notebook or ``python -c`` (``__main__`` without a file, which a worker cannot
+            import); when even that fails, the chains run here one after the other, with a
+            warning that says why. A script that calls this needs the
             ``if __name__ == "__main__":`` guard (Python's rule for spawned processes).
         seed: base seed; chain ``c`` uses ``seed + c``, the predictive draws ``seed``.
         obs_name: the observed site (found when omitted).
         rhat_threshold: warn above this function-space R-hat.
-        progress: show Pyro's progress bar (sequential chains only).
+        progress: show progress: Pyro's bar for each chain run here; with parallel chains,
+            one bar per chain (``tqdm``; widgets in a notebook) and one line per finished
+            chain (wall time, divergences, acceptance rate, step size).
 
     Raises:
-        ValueError: bad sizes or settings, an unpicklable model with ``processes > 1``.
+        ValueError: bad sizes or settings.
 
     Example:
         >>> ref = reference_posterior(model, x, y, x_test=xt, y_test=yt, num_chains=4,
@@ -283,8 +419,21 @@ def reference_posterior(
         _init_values(model, init_from, xm, ym, seed + c) if init_from is not None else {}
         for c in range(num_chains)
     ]
+    sent = model
+    if processes > 1:
+        sent, why = _picklable(model)
+        if sent is None:
+            warnings.warn(
+                f"reference_posterior: running the {num_chains} chains one after the other in "
+                f"this process (processes=1): {why}. Define the model in an importable module "
+                "(a .py file) to run the chains in parallel, or pass processes=1 to silence "
+                "this warning.",
+                UserWarning,
+                stacklevel=2,
+            )
+            processes, sent = 1, model
     base = {
-        "model": _picklable(model) if processes > 1 else model,
+        "model": sent,
         "args": (xm, ym),
         "num_warmup": int(num_warmup),
         "num_samples": int(num_samples) * int(thin),
@@ -293,16 +442,17 @@ def reference_posterior(
         "target_accept_prob": float(target_accept_prob),
         "default_dtype": torch.get_default_dtype(),
         "validation": is_validation_enabled(),
-        "progress": bool(progress) and processes == 1,
+        "progress": bool(progress),
+        "progress_queue": bool(progress) and processes > 1,
     }
-    specs = [{**base, "seed": seed + c, "init_values": inits[c]} for c in range(num_chains)]
+    specs = [
+        {**base, "seed": seed + c, "chain": c, "init_values": inits[c]} for c in range(num_chains)
+    ]
     start = time.perf_counter()
     if processes == 1:
         runs = [_run_chain(s) for s in specs]
     else:
-        ctx = multiprocessing.get_context("spawn")  # fork + torch threads can deadlock
-        with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
-            runs = list(pool.map(_run_chain, specs))
+        runs = _run_parallel(specs, processes, bool(progress))
     wall = time.perf_counter() - start
 
     names = list(runs[0]["samples"])

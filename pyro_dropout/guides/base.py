@@ -15,6 +15,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
+from ..handlers.weight_uses import WeightUses
 from .init import dist_dtype, init_to_fan_in
 
 __all__ = ["AutoWeightGuide"]
@@ -58,7 +59,10 @@ class AutoWeightGuide(AutoGuide):
     def __init__(self, model, *, init_loc_fn=init_to_fan_in, create_plates=None):
         self.init_loc_fn = init_loc_fn
         self._init_device = None
-        model = InitMessenger(self._init_on_device)(model)
+        # Armed during the set-up run only: records which sites the model consumes as weights
+        # of linear/matmul/conv operations, and how often (see _build_from_prototype).
+        self._use_probe = WeightUses(armed=False)
+        model = self._use_probe(InitMessenger(self._init_on_device)(model))
         super().__init__(model, create_plates=create_plates)
         # Pyro names a guide's parameters after its class in the global param store, so a
         # second AutoMeanField of a session (another init_scale, another model) would start
@@ -106,6 +110,7 @@ class AutoWeightGuide(AutoGuide):
 
     def _reset_prototype(self):
         self.prototype_trace = None
+        self._weight_uses, self._vector_weights = {}, set()
         for group in self._PARAM_GROUPS:
             if hasattr(self, group):
                 delattr(self, group)
@@ -116,7 +121,21 @@ class AutoWeightGuide(AutoGuide):
     def _build_from_prototype(self, *args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
         self._init_device = tensors[0].device if tensors else None
-        super()._setup_prototype(*args, **kwargs)
+        probe = self._use_probe
+        probe.start()
+        try:
+            super()._setup_prototype(*args, **kwargs)
+        finally:
+            probe.armed = False
+        #: Linear/matmul/conv uses of each site in one model run (as weight or bias).
+        self._weight_uses = dict(probe.weight_uses)
+        #: 1-D sites the model uses as the weight of a product (``x @ w``, ``w @ x``,
+        #: ``F.linear(x, w)``): weight vectors, which a family treats as a one-output layer.
+        self._vector_weights = {
+            name
+            for name, site in self.prototype_trace.iter_stochastic_nodes()
+            if name in probe.as_weight and len(site["fn"].event_shape) == 1
+        }
         self._event_dims = {}
         self._real = {}
         observed = any(
@@ -201,8 +220,16 @@ class AutoWeightGuide(AutoGuide):
                 for frame in site["cond_indep_stack"]:
                     if frame.vectorized:
                         stack.enter_context(plates[frame.name])
-                result[name] = pyro.sample(name, self._site_dist(name, site))
+                fn = self._site_dist(name, site)
+                result[name] = pyro.sample(name, fn, infer=self._infer(name))
         return result
+
+    def _infer(self, name):
+        """The site's ``infer`` dict: a site the model uses more than once per run is announced
+        to :func:`~pyro_dropout.local_reparameterization`, which then uses it as drawn from its
+        first use on (per-example noise at each use would be a different model)."""
+        uses = getattr(self, "_weight_uses", {}).get(name, 0)
+        return {"weight_uses": uses} if uses > 1 else {}
 
     @torch.no_grad()
     def median(self, *args, **kwargs):

@@ -6,6 +6,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
 from ..distributions import ConcreteMaskedNormal
+from ..distributions.vector_weight import VectorWeight
 from .base import AutoWeightGuide
 from .init import init_to_fan_in
 
@@ -20,7 +21,8 @@ class AutoConcreteDropout(AutoWeightGuide):
     r"""Concrete-dropout guide: :class:`~pyro_dropout.ConcreteMaskedNormal` at every weight
     site, with the drop rate :math:`p` learned.
 
-    Weights (sites with at least two event dims, first = outputs) get
+    Weights (sites with at least two event dims, first = outputs; and weight vectors, 1-D
+    sites the model uses as a product's weight, ``x @ w``, read as a one-output layer) get
     :math:`W = M \odot z + σ ε`, :math:`z \sim \mathrm{Bernoulli}(1-p)` per input unit (per
     input *channel* for a convolution kernel), as :class:`~pyro_dropout.AutoDropout` but with
     :math:`p \in (0, 1)` a parameter (constrained to the unit interval, clamped away from its
@@ -125,11 +127,14 @@ class AutoConcreteDropout(AutoWeightGuide):
     def _init_real_site(self, name, site, init_mean):
         n = init_mean.dim()
         self._set("locs", name, PyroParam(init_mean.clone(), constraints.real, n))
-        if len(site["fn"].event_shape) < 2:
+        vector = name in self._vector_weights  # x @ w: the one-output layer w[None, :]
+        if len(site["fn"].event_shape) < 2 and not vector:
             return
         self._weights.add(name)
         event = site["fn"].event_dim
         batch = init_mean.shape[: n - event]
+        if vector:
+            init_mean, n, event = init_mean.unsqueeze(-2), n + 1, 2  # rates of (1, in)
         if self.rate_per == "layer":
             shape = batch + (1,) * event
         else:
@@ -150,14 +155,16 @@ class AutoConcreteDropout(AutoWeightGuide):
         scale = torch.tensor(self.scale, dtype=mean.dtype, device=mean.device)
         if name in self._weights:
             rate = self._rate(name)
-            return ConcreteMaskedNormal(
-                mean / (1 - rate),
+            vector = name in self._vector_weights
+            layer = ConcreteMaskedNormal(
+                (mean.unsqueeze(-2) if vector else mean) / (1 - rate),
                 scale,
                 rate,
                 temperature=self.temperature,
                 relaxed=self.relaxed,
-                event_dim=event,
+                event_dim=2 if vector else event,
             )
+            return VectorWeight(layer) if vector else layer
         return dist.Normal(mean, scale.expand(mean.shape)).to_event(event)
 
     @torch.no_grad()
@@ -170,7 +177,7 @@ class AutoConcreteDropout(AutoWeightGuide):
             if name not in self._weights:
                 continue
             p = self._rate(name).detach().clone()
-            event = self._event_dims[name]
+            event = 2 if name in self._vector_weights else self._event_dims[name]
             batch = p.shape[: p.dim() - event]
             if self.rate_per == "layer":
                 out[name] = p.reshape(batch)

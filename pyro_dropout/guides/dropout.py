@@ -8,6 +8,7 @@ from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
 from ..distributions import BernoulliMaskedNormal
+from ..distributions.vector_weight import VectorWeight
 from .base import AutoWeightGuide
 from .init import init_to_fan_in
 
@@ -17,7 +18,8 @@ __all__ = ["AutoDropout"]
 class AutoDropout(AutoWeightGuide):
     r"""MC-dropout guide: :class:`~pyro_dropout.BernoulliMaskedNormal` at every weight site.
 
-    Weights (sites with at least two event dims, first = outputs) get
+    Weights (sites with at least two event dims, first = outputs; and weight vectors, 1-D
+    sites the model uses as a product's weight, ``x @ w``, read as a one-output layer) get
     :math:`W = M\,\mathrm{diag}(z) + σ ε`, :math:`z \sim \mathrm{Bernoulli}(1-p)` per input unit,
     with learned :math:`M` and fixed drop rate :math:`p` and slab scale :math:`σ`; other real
     sites (biases) get :math:`\mathcal N(b, σ^2)` with no dropout (Gal & Ghahramani 2016,
@@ -100,7 +102,9 @@ class AutoDropout(AutoWeightGuide):
                 )
 
     def _is_weight(self, site):
-        return len(site["fn"].event_shape) >= 2
+        # A layer's weight (first event dim = outputs), or a weight vector (x @ w): a
+        # one-output layer, with one mask value per input.
+        return len(site["fn"].event_shape) >= 2 or site["name"] in self._vector_weights
 
     def _init_real_site(self, name, site, init_mean):
         n = init_mean.dim()
@@ -132,8 +136,16 @@ class AutoDropout(AutoWeightGuide):
         scale = self._scale(name, loc)
         if name in self._rates:
             rate = torch.as_tensor(self._rates[name], dtype=loc.dtype, device=loc.device)
+            if name in self._vector_weights:  # the one-output layer w[None, :]
+                layer = BernoulliMaskedNormal(_row(loc), _row(scale), rate, event_dim=2)
+                return VectorWeight(layer)
             return BernoulliMaskedNormal(loc, scale, rate, event_dim=self._event_dims[name])
         return dist.Normal(loc, scale.expand(loc.shape)).to_event(self._event_dims[name])
+
+
+def _row(t):
+    """A vector ``batch + (in,)`` as the one-output layer ``batch + (1, in)`` (scalars as is)."""
+    return t.unsqueeze(-2) if t.dim() else t
 
 
 def _check_rate(p, what):

@@ -52,7 +52,9 @@ class AutoVariationalDropout(AutoWeightGuide):
     when forming σ: the clip made σ depend on θ while the gradient said it did not, and with a
     Normal prior the fits under-fitted badly.) The log-uniform KL clamps log α to
     :data:`~pyro_dropout.distributions.kl.LOG_ALPHA_RANGE` = ±30 internally, where
-    Molchanov's curve is flat. Biases and other 1-D sites get a mean-field Normal.
+    Molchanov's curve is flat. A weight vector (a 1-D site the model uses as a product's
+    weight, ``x @ w``) is a one-output layer: one α per weight for ``"weight"`` and ``"unit"``.
+    Biases and other 1-D sites get a mean-field Normal.
 
     Priors: with a Normal prior the KL is torch's exact ``KL(Normal ‖ Normal)``; with
     :class:`~pyro_dropout.ImproperLogUniform` it is the registered approximation (Molchanov by
@@ -113,7 +115,8 @@ class AutoVariationalDropout(AutoWeightGuide):
         n = init_mean.dim()
         self._set("locs", name, PyroParam(init_mean.clone(), constraints.real, n))
         event = site["fn"].event_shape
-        if len(event) < 2:
+        vector = name in self._vector_weights  # x @ w: a one-output layer
+        if len(event) < 2 and not vector:
             scale = torch.full_like(init_mean, self.init_scale)
             self._set("scales", name, PyroParam(scale, constraints.softplus_positive, n))
             return
@@ -123,7 +126,9 @@ class AutoVariationalDropout(AutoWeightGuide):
             self._set("log_sigma2", name, PyroParam(log_sigma2, constraints.real, n))
         else:
             batch = init_mean.shape[: init_mean.dim() - len(event)]
-            shape = batch + ((1,) + event[1:] if self.alpha == "unit" else (1,) * len(event))
+            # one α per input unit (for a weight vector: per weight) or per site
+            unit = event if vector else (1,) + event[1:]
+            shape = batch + (unit if self.alpha == "unit" else (1,) * len(event))
             log_alpha = torch.full(
                 shape, self.init_log_alpha, dtype=init_mean.dtype, device=init_mean.device
             )

@@ -10,6 +10,7 @@ from .lrt_messenger import (
     weight_draws,
 )
 from .registry import lookup_rule, register_local_reparameterization
+from .vector_weight_rule import __all__ as _  # noqa: F401 - registers the VectorWeight rule
 
 __all__ = [
     "ESTIMATORS",

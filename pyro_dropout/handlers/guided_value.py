@@ -7,9 +7,9 @@ that consume it to the messenger that owns it:
 
 * ``F.linear(x, w, b)`` (so ``PyroModule[nn.Linear]``), ``x @ w.T``, ``x @ w``,
   ``torch.matmul`` / ``Tensor.matmul`` / ``torch.mm`` with the weight (or its transpose) on the
-  right, and ``F.conv1d`` / ``F.conv2d`` (so ``PyroModule[nn.Conv1d/2d]``) are answered by the
-  family's rule (local reparameterisation) or, for weight draws, by the same operation
-  broadcast over the weight's sample dimensions;
+  right (a weight vector also on the left, ``w @ x``), and ``F.conv1d`` / ``F.conv2d`` (so
+  ``PyroModule[nn.Conv1d/2d]``) are answered by the family's rule (local reparameterisation)
+  or, for weight draws, by the same operation broadcast over the weight's sample dimensions;
 * ``w.T``, ``w.t()``, ``w.mT``, ``w.transpose(0, 1)``, ``w.permute(1, 0)`` give a
   transposed :class:`GuidedValue`, so the next product still knows the site;
 * metadata queries (``shape``, ``dim()``, ``dtype`` ...) pass through;
@@ -159,10 +159,18 @@ def _linear(args, kwargs):
     return w._pd_site.owner.answer_linear(x, w, b, transposed_layout=w._pd_transposed)
 
 
-def _matmul(args, kwargs):
+def _matmul(args, kwargs, vector_on_left=True):
     if kwargs or len(args) != 2:
         return NotImplemented
     x, w = args
+    if vector_on_left and isinstance(x, GuidedValue) and x._pd_site.event_dim == 1:
+        # ``w @ x`` with a weight vector w (in,) on the left: x (..., in, n) -> (..., n) is
+        # ``x.mT @ w`` (each of the n columns an example), a 1-D x gives the dot product.
+        v, x = x, w
+        if isinstance(x, GuidedValue) or not torch.is_tensor(x) or x.dim() < 1:
+            return NotImplemented
+        rows = x if x.dim() == 1 else x.mT
+        return v._pd_site.owner.answer_linear(rows, v, None, transposed_layout=True)
     if not isinstance(w, GuidedValue) or isinstance(x, GuidedValue) or not torch.is_tensor(x):
         return NotImplemented
     if x.dim() < 1 or w._pd_site.event_dim not in (1, 2):
@@ -213,8 +221,8 @@ _HANDLERS = {
     torch.matmul: _matmul,
     torch.Tensor.matmul: _matmul,
     torch.Tensor.__matmul__: _matmul,
-    torch.mm: _matmul,
-    torch.Tensor.mm: _matmul,
+    torch.mm: lambda a, k: _matmul(a, k, vector_on_left=False),  # mm takes matrices only
+    torch.Tensor.mm: lambda a, k: _matmul(a, k, vector_on_left=False),
     # the conv handler is called per use (not built at import) so that each call runs the
     # current code (mutation testing swaps functions at call time)
     F.conv1d: lambda a, k: _conv(1, a, k),

@@ -21,6 +21,13 @@ Nothing is monkey-patched. A weight that reaches an operation without a rule (an
 use, an unsupported op, a family without a rule) is used as drawn, and the messenger warns once
 per site naming the site and the operation (``strict=True`` raises instead).
 
+A site used by more than one operation in one run of the model (tied weights, a layer applied
+twice) is sampled once per run and used as drawn at every use, with one warning per site:
+per-example noise at each use would give each use its own weights, a different model. The
+library's guides announce such sites on their draws (``infer={"weight_uses": n}``, counted in
+their set-up run), so this holds from the first use; otherwise the messenger finds the reuse at
+the second use, and the run in which it did mixed the two.
+
 The innermost messenger of this class decides: :func:`weight_draws` (``estimator="weights"``)
 inside a ``local_reparameterization()`` block gives weight draws again, broadcast over sample
 dimensions, which is how code that promises weight draws (``predict(...,
@@ -39,7 +46,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import Independent, Normal, constraints
+from torch.distributions import Distribution, Independent, Normal, constraints
 from torch.nn.modules.utils import _pair, _single
 
 from ..nn.functional import ConvSpec, LinearSpec, add_bias, align_to_frames, unexpand
@@ -98,6 +105,8 @@ def _align_batch(fn, batch_shape):
     for key, value in vars(fn).items():
         if torch.is_tensor(value) and value.shape[:n] == fn.batch_shape:
             setattr(new, key, value.reshape(batch_shape + value.shape[n:]))
+        elif isinstance(value, Distribution) and value.batch_shape == fn.batch_shape:
+            setattr(new, key, _align_batch(value, batch_shape))  # e.g. VectorWeight's layer
     new._batch_shape = batch_shape
     return new
 
@@ -130,6 +139,10 @@ class LocalReparameterizationMessenger(Messenger):
         super().__init__()
         self.estimator = estimator
         self.strict = bool(strict)
+        #: Sites found used more than once in one model run while this messenger answered
+        #: them (not only announced by the guide): kept across re-entries of this instance, and
+        #: part of :attr:`jit_key`, so a compiled loss traced before the discovery is retraced.
+        self._learned_reuse = set()
         self._reset()
 
     def _reset(self):
@@ -137,7 +150,9 @@ class LocalReparameterizationMessenger(Messenger):
         self._fresh = set()
         self._warned = set()
         self._generation = {}  # site -> count of values drawn for the model (reuse detection)
-        self._last_use = {}  # site -> generation of its last rule-answered use
+        self._uses = {}  # site -> (generation, rule-answerable uses of that value so far)
+        #: Sites used as drawn at every use because the model uses them more than once per run.
+        self._reused = set(self._learned_reuse)
         self._active = False
         #: Elements of the largest layer output answered here (sizes prediction passes).
         self.widest_output = 0
@@ -145,7 +160,7 @@ class LocalReparameterizationMessenger(Messenger):
     @property
     def jit_key(self):
         """What a compiled loss depends on (see :class:`~pyro_dropout.infer.JitMeanFieldELBO`)."""
-        return (type(self), self.estimator)
+        return (type(self), self.estimator, frozenset(self._learned_reuse))
 
     def __enter__(self):
         self._reset()
@@ -179,6 +194,10 @@ class LocalReparameterizationMessenger(Messenger):
         name = msg["name"]
         if fresh:
             self._dists[name] = msg["fn"]
+            if msg["infer"].get("weight_uses", 1) > 1:
+                # The guide saw the model use this site more than once in one run (its
+                # prototype run, see AutoWeightGuide): weight draws from the first use on.
+                self._reused.add(name)
         if name not in self._dists:
             return
         value, fn = msg["value"], msg["fn"]
@@ -238,7 +257,12 @@ class LocalReparameterizationMessenger(Messenger):
 
     def _answer(self, name, x, weight, event_dim, bias, bias_name, spec):
         out = None
-        if self.estimator != "weights":
+        # A site used more than once in one run is used as drawn at every use (one draw from
+        # q shared by the uses, as the model says); its bias likewise.
+        reused = self._note_use(name)
+        if bias_name is not None and self._note_use(bias_name):
+            bias_name = None  # add the drawn bias
+        if self.estimator != "weights" and not reused:
             out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec)
         if out is None:  # weight draws, broadcast over their sample dims
             out = add_bias(spec(x, weight), bias, spec)
@@ -256,7 +280,6 @@ class LocalReparameterizationMessenger(Messenger):
         base = _align_batch(base, weight.shape[: weight.dim() - len(base.event_shape)])
         if base is None:
             return None
-        self._check_reuse(name)
         out = rule(base, x, spec)
         bias_fn = None if bias_name is None else self._dists.get(bias_name)
         bias_base = None
@@ -322,18 +345,27 @@ class LocalReparameterizationMessenger(Messenger):
         return None
 
     # -- reporting -------------------------------------------------------------------------
-    def _check_reuse(self, name):
+    def _note_use(self, name):
+        """Count a rule-answerable use (a linear or convolution op, a library layer) of the
+        value now drawn at ``name``. Returns True when the site is used more than once per run
+        of the model, and is therefore to be used as drawn: per-example noise at each use
+        would be a different model (independent weights per use, a tied autoencoder's encoder
+        and decoder no longer sharing W), not another estimator of the same objective."""
+        if self.estimator == "weights" or name not in self._dists:
+            return False
         gen = self._generation.get(name)
-        if gen is not None and self._last_use.get(name) == gen:
-            self._report(
-                f"local_reparameterization: weight site {name!r} is used by more than one "
-                "operation in one run of the model (shared weights, e.g. an unrolled RNN). "
-                "Each use samples its pre-activations independently, so the uses do not see "
-                "one common weight draw as under q. Use pyro_dropout.weight_draws() around "
-                "this model (exact, noisier), or keep the weights unshared.",
-                key=("reuse", name),
-            )
-        self._last_use[name] = gen
+        last, count = self._uses.get(name, (None, 0))
+        count = count + 1 if last == gen else 1
+        self._uses[name] = (gen, count)
+        if name in self._reused:
+            self._report(_reuse_message(name, found_late=False), key=("reuse", name))
+            return True
+        if count > 1:  # found at its second use: the first was already reparameterised
+            self._reused.add(name)
+            self._learned_reuse.add(name)
+            self._report(_reuse_message(name, found_late=True), key=("reuse", name))
+            return True
+        return False
 
     def unsupported_use(self, site, op_name):
         """A guided value met an operation without a rule: warn once per weight site (or raise
@@ -424,6 +456,24 @@ def _no_rule_message(name, fn):
     )
 
 
+def _reuse_message(name, found_late):
+    message = (
+        f"local_reparameterization: site {name!r} is used by more than one operation in one "
+        "run of the model (tied or shared weights, a layer applied twice, an unrolled RNN), so "
+        "local reparameterisation is not applied to it: it is sampled once per run (a weight "
+        "draw from q) and that draw is used at every use. This is exact for q, with a higher "
+        "gradient variance than local reparameterisation."
+    )
+    if found_late:
+        message += (
+            " It was found at the second use in a run whose first use had already been "
+            "sampled per example, so that one run mixed the two; every later run under this "
+            "handler is exact. (The guides of this library report reused sites from their "
+            "set-up run, which avoids this.)"
+        )
+    return message + " Pass strict=True to make this an error."
+
+
 def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     """Sample pre-activations instead of weights wherever a guided weight meets a linear or
     convolution operation (Kingma et al. 2015): in the library's layers, in
@@ -444,6 +494,10 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     one weight draw per example for MC dropout's family, both exact for q jointly over
     positions); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one estimator everywhere
     (see ``docs/local-reparameterization.md``).
+
+    A weight used by more than one operation in one run of the model (a tied autoencoder's
+    ``W`` and ``W.T``, a layer applied twice) is not reparameterised: it is sampled once per
+    run and used as drawn at every use (exact for q, noisier), see the module docs.
 
     Never silent: a guided weight used by another operation, a family without a rule (e.g. the
     Delta of Pyro's ``AutoNormal``) or a weight used twice in one run triggers a

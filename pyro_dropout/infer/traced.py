@@ -86,7 +86,10 @@ class OwnedCompiledFunction(CompiledFunction):
             with poutine.block():
                 with poutine.trace(param_only=True) as first_param_capture:
                     self.fn(*args, **kwargs)
-            self._param_names = list(set(first_param_capture.trace.nodes.keys()))
+            # Sorted, not Pyro's list(set(...)): the order of the graph's inputs must not vary
+            # between two traces of one signature (their graphs are compared; a set's order
+            # changed between traces 1 run in 3 in the test suite).
+            self._param_names = sorted(set(first_param_capture.trace.nodes.keys()))
             unconstrained = tuple(pyro.param(name).unconstrained() for name in self._param_names)
             params_and_args = unconstrained + args
             weakself = weakref.ref(self)

@@ -19,7 +19,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
             for kind in ("fit", "eager", "tutorial", "user-loop")
             for g in speed.GUIDES
         }
-        expected |= {"predict", "predict" + speed.WEIGHTS_SUFFIX}
+        expected |= {"predict", "predict" + speed.PER_EXAMPLE_SUFFIX}
         assert set(ratios) == expected
         assert all(r > 0 for r in ratios.values())
         profile = report["results"][w]["profile"]
@@ -32,7 +32,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
         # network's matrix-product FLOPs
         assert abs(profile["fit: AutoMeanField"]["flops_vs_plain"] - 2.0) < 0.01
     text = md.read_text()
-    assert 'fit\'s step, compiled (jit="auto"), AutoDropout + LRT' in text
+    assert 'fit\'s default step, compiled (jit="auto"), AutoDropout + LRT' in text
     assert "fit's step with jit=False (eager), AutoDropout + LRT" in text
     assert "user's SVI loop" in text and "% of peak" in text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import warnings
 
@@ -34,6 +35,7 @@ from pyro_dropout.diagnostics import (
 from pyro_dropout.diagnostics import _arviz_compat as compat
 from pyro_dropout.diagnostics import _reader as rd
 from pyro_dropout.diagnostics import reference as ref_mod
+from pyro_dropout.diagnostics.fidelity import reference_noise_floor, wasserstein_1d
 
 from ._models import SIGMA, linreg_model, normal_guide
 
@@ -94,6 +96,46 @@ def test_reference_convergence_table_and_no_vi_khat(ref_linreg):
     assert np.isnan(vi["khat"]) and "no density q" in vi["diagnosis"]
     table = compare({"hmc": ref}, reference=ref)
     assert table.loc["hmc", "ref_w1"] == 0.0 and np.isnan(table.loc["hmc", "vi_khat"])
+
+
+def test_table_carries_reference_rhat_and_noise_floor(ref_linreg, linreg):
+    """Every row carries the reference's R-hat / ESS; every fidelity score its noise floor,
+    the same score between two halves of the reference's chains."""
+    ref = ref_linreg["ref"]
+    attrs = rd.attrs(ref)
+    floor = reference_noise_floor(ref)
+    assert floor["split"] == "chains 0-0 against 1-1"
+    # by hand: chain 0 against chain 1 of the test-set predictive draws
+    y = compat.get_group(ref, "predictions")["obs"].values
+    assert floor["ref_w1_floor"] == pytest.approx(np.mean(wasserstein_1d(y[0], y[1])))
+    assert 0 < floor["ref_w1_floor"] < 0.2 and 0.8 < floor["ref_sd_ratio_floor"] < 1.25
+    fit = samples_inference_data(
+        linreg_model,
+        {"w": torch.as_tensor(rd.draws(ref, "posterior", "w"))[::2]},
+        ref_linreg["x"], ref_linreg["y"], ref_linreg["xt"], ref_linreg["yt"],
+    )  # fmt: skip
+    table = compare({"half": fit, "hmc": ref}, reference=ref)
+    for row in table.index:
+        assert table.loc[row, "ref_rhat"] == pytest.approx(attrs["fn_rhat_max"])
+        assert table.loc[row, "ref_ess_bulk"] == pytest.approx(attrs["fn_ess_bulk_min"])
+        assert table.loc[row, "ref_w1_floor"] == pytest.approx(floor["ref_w1_floor"])
+    for col in ("ref_sd_ratio_floor", "ref_cov50_floor", "ref_cov90_floor", "ref_ess_tail"):
+        assert col in table.columns
+    text = repr(table)
+    assert "NUTS reference: function-space R-hat max" in text and "Noise floor (chains 0-0" in text
+    # one chain: the draws are split instead
+    one = samples_inference_data(linreg_model, {"w": torch.randn(40, 3)}, ref_linreg["x"],
+                                 ref_linreg["y"], ref_linreg["xt"])  # fmt: skip
+    assert reference_noise_floor(one)["split"] == "draws 0-19 against 20-39 of its one chain"
+
+
+def test_unconverged_reference_is_flagged_in_the_table(ref_linreg):
+    ref = ref_linreg["ref"]
+    bad = copy.deepcopy(ref)
+    compat.update_root_attrs(bad, {"fn_rhat_max": 1.09})
+    table = compare({"hmc": ref}, reference=bad)
+    assert table.loc["hmc", "flags"] == "ref R-hat 1.090"
+    assert "the reference's chains disagree" in repr(table)
 
 
 def test_unconverged_chains_warn():
@@ -171,7 +213,7 @@ def test_reference_on_library_model_under_lrt_and_from_a_guide():
     assert w.shape == (2, 20, 3, 1)
     assert compat.get_group(ref, "predictions")["obs"].shape == (2, 20, 5, 1)
     spec = {
-        "model": ref_mod._picklable(model), "args": (x, y), "num_warmup": 3, "num_samples": 3,
+        "model": ref_mod._picklable(model)[0], "args": (x, y), "num_warmup": 3, "num_samples": 3,
         "jit_compile": False, "max_tree_depth": 2, "target_accept_prob": 0.8,
         "default_dtype": torch.float32, "validation": True, "progress": False, "seed": 0,
         "init_values": init,
@@ -267,3 +309,90 @@ def test_reference_on_the_tutorial_model():
     assert np.all(post["sigma"].values > 0)  # constrained values, as NUTS returns them
     assert compat.get_group(ref, "predictions_log_likelihood")["obs"].shape == (2, 15, 4)
     assert np.isfinite(rd.attrs(ref)["fn_rhat_max"])
+
+
+_NOTEBOOK_MODEL = """
+import warnings, torch, pyro, pyro.distributions as dist
+from pyro.nn import PyroModule, PyroSample
+from pyro_dropout.diagnostics import reference_posterior, ReferenceConvergenceWarning
+from pyro_dropout.diagnostics import _arviz_compat as compat
+
+class Tiny(PyroModule):  # defined in __main__, which has no file: as in a notebook
+    def __init__(self):
+        super().__init__()
+        self.w = PyroSample(dist.Normal(0.0, 1.0))
+
+    def forward(self, x, y=None):
+        w = self.w
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(w * x[:, 0], 0.5), obs=y)
+
+warnings.simplefilter("error")
+warnings.filterwarnings("ignore", category=ReferenceConvergenceWarning)
+warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module="tqdm")
+torch.manual_seed(0)
+x = torch.randn(20, 1)
+y = 0.7 * x[:, 0] + 0.5 * torch.randn(20)
+ref = reference_posterior(Tiny(), x, y, num_chains=2, num_warmup=10, num_samples=20,
+                          processes=2, jit_compile=False, max_tree_depth=3, progress=True)
+print("draws", tuple(compat.get_group(ref, "posterior")["w"].shape),
+      "processes", compat.root_attrs(ref)["processes"])
+"""
+
+
+@pytest.mark.slow  # two spawned workers import torch and Pyro: about 20 s on 2 loaded cores
+def test_model_class_from_a_notebook_runs_in_parallel_with_progress():
+    """A model class defined in ``python -c`` (no file for __main__): spawned workers cannot
+    import it (before: BrokenProcessPool, "Can't get attribute 'Tiny' on <module
+    '__main__'>"), so it goes by value (cloudpickle); progress=True draws one bar per chain
+    and one line per finished chain (issue 23)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _NOTEBOOK_MODEL],
+        capture_output=True, text=True, timeout=300, env=env, cwd=root,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "draws (2, 20) processes 2" in proc.stdout
+    for c in (0, 1):
+        assert f"NUTS chain {c}" in proc.stderr and f"NUTS chain {c} finished: " in proc.stderr
+
+
+def test_main_objects_and_the_fallback_to_one_process(monkeypatch):
+    class Local:
+        pass
+
+    Local.__module__ = "__main__"
+    assert ref_mod._main_objects([Local(), linreg_model]) == [
+        "test_main_objects_and_the_fallback_to_one_process.<locals>.Local"
+    ]
+    assert ref_mod._main_objects(linreg_model) == []
+    monkeypatch.setattr(ref_mod, "_main_without_file", lambda: True)
+    sent, why = ref_mod._picklable(Local())
+    assert isinstance(sent, bytes) and why is None  # cloudpickle, by value
+    import cloudpickle
+
+    def refuse(obj):
+        raise TypeError("cannot pickle 'generator' object")
+
+    monkeypatch.setattr(cloudpickle, "dumps", refuse)
+    sent, why = ref_mod._picklable(Local())
+    assert sent is None and "defined in __main__" in why and "cloudpickle failed too" in why
+    torch.set_default_dtype(torch.float64)
+    x, y = torch.randn(20, 3), torch.randn(20)
+    with (
+        warnings.catch_warnings(),
+        pytest.warns(UserWarning, match=r"one after the other .*cloudpickle failed too"),
+    ):
+        warnings.simplefilter("ignore", ReferenceConvergenceWarning)
+        monkeypatch.setattr(ref_mod, "_main_objects", lambda model: ["Tiny"])
+        ref = reference_posterior(linreg_model, x, y, num_chains=2, num_warmup=5,
+                                  num_samples=5, processes=2, jit_compile=False,
+                                  max_tree_depth=2)  # fmt: skip
+    assert rd.attrs(ref)["processes"] == 1

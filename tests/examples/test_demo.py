@@ -30,6 +30,14 @@ def test_main_writes_a_png_and_returns_a_three_row_table(tmp_path, capsys):
     assert table["test_rmse"].notna().all() and table["elpd_loo"].notna().all()
     printed = capsys.readouterr().out
     assert "elpd_loo" in printed and "mc_dropout" in printed and str(out.resolve()) in printed
+    # after 30 steps no guide is near the posterior: the VI k-hat is flagged where printed,
+    # with what it means and what to use instead
+    assert (table["vi_khat"] >= 0.7).all()
+    assert "VI k-hat >= 0.7" in printed and "held-out scores" in printed
+    lines = printed.splitlines()
+    header = next(line.split() for line in lines if "vi_khat" in line.split())
+    rows = [line.split() for line in lines if line.startswith(tuple(table.index))]
+    assert len(rows) == 3 and all(row[1 + header.index("vi_khat")].endswith("!") for row in rows)
 
 
 def test_main_leaves_the_thread_count_as_it_found_it(tmp_path):
@@ -47,7 +55,7 @@ def test_main_trains_the_compiled_loss(tmp_path, monkeypatch):
     calls, real_fit = [], demo.fit
 
     def spy(*args, **kwargs):
-        calls.append(kwargs.get("jit"))
+        calls.append(kwargs.get("jit", "auto"))  # fit compiles by default
         return real_fit(*args, **kwargs)
 
     monkeypatch.setattr(demo, "fit", spy)

@@ -29,6 +29,7 @@ from pyro_dropout import (
 )
 from pyro_dropout.diagnostics import loo
 from pyro_dropout.handlers import LocalReparameterizationWarning
+from pyro_dropout.infer import CompilationWarning
 from pyro_dropout.infer.draws import NotVectorizable
 
 from ._models import ZOO
@@ -48,7 +49,9 @@ def _fitted(name, guide_name, lrt=True, steps=4):
     model = build()
     x, y = data(N, 0)
     guide = GUIDES[guide_name](model)
-    with warnings.catch_warnings():
+    # a model that subsamples its own plate cannot be compiled (fit's default): one warning
+    compiles = pytest.warns(CompilationWarning, match="subsamples its own plate")
+    with compiles if name == "subsampled" else warnings.catch_warnings():
         # every weight of every zoo model meets a rule: no warning may be raised
         warnings.simplefilter("error", LocalReparameterizationWarning)
         losses = fit(

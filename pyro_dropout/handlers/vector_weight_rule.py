@@ -1,0 +1,22 @@
+"""Local reparameterisation of a :class:`~pyro_dropout.distributions.vector_weight.VectorWeight`
+(a weight vector read as a one-output layer): the layer family's own rule on that layer."""
+
+from ..distributions.vector_weight import VectorWeight
+from ..nn.functional import LinearSpec
+from .lrt_rules import GaussianPreactivation
+from .registry import lookup_rule, register_local_reparameterization
+
+__all__ = []
+
+#: ``x · w`` is ``x Wᵀ`` for the one-output layer ``W = w[None, :]``.
+_ONE_OUTPUT = LinearSpec()
+
+
+@register_local_reparameterization(VectorWeight)
+def _lrt_vector_weight(fn, x, spec):
+    layer = fn.layer
+    rule = lookup_rule(layer, "lrt") or lookup_rule(layer, "per_example")
+    out = rule(layer, x, _ONE_OUTPUT)
+    if isinstance(out, GaussianPreactivation):
+        return GaussianPreactivation(out.mean.squeeze(-1), out.var.squeeze(-1))
+    return out.squeeze(-1)
