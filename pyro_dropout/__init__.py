@@ -5,6 +5,7 @@ drop rates, mean-field Gaussian, variational dropout with learned α), all train
 reparameterisation, compared through ArviZ.
 """
 
+from ._version import __version__
 from .distributions import BernoulliMaskedNormal, ConcreteMaskedNormal, ImproperLogUniform
 from .guides import (
     AutoConcreteDropout,
@@ -29,8 +30,6 @@ from .nn import (
     BayesianModel,
     bayesianize,
 )
-
-__version__ = "0.1.0"
 
 # The ArviZ layer is imported on first use: ArviZ is a heavy import (and 0.23 prints a
 # FutureWarning), and fitting does not need it.

@@ -55,7 +55,7 @@ from .. import (
     predict,
 )
 from ..infer import fused_adam
-from ..infer.fit import make_elbo
+from ..infer.elbo import make_elbo
 from ..infer.minibatch import ScaleObserved
 from . import step_profile
 from ._provenance import git_state, versions

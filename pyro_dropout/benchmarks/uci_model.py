@@ -9,8 +9,8 @@ Bayesian layers broadcast a member's weights over its own minibatch (inputs of s
 loss is one Adam step of every member (Adam is element-wise, so a member's trajectory does not
 depend on the others, nor on a constant factor in its own objective).
 
-See :mod:`pyro_dropout.benchmarks.uci` for the protocol and the derivation of the dropout
-guide's likelihood precision and prior.
+See :mod:`pyro_dropout.benchmarks.uci.protocol` for the protocol and the derivation of the
+dropout guide's likelihood precision and prior.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ _WARM_STEPS = 3
 def dropout_training_precision(tau, dropout_rate):
     r"""Likelihood precision τ' on the standardised targets that makes our ELBO, with prior
     ``Normal(0, 1/l)`` on the weights, equal to the reference Keras objective up to a constant
-    factor: :math:`τ' = 2τ/(1-p)^2` (derivation in :mod:`pyro_dropout.benchmarks.uci`)."""
+    factor: :math:`τ' = 2τ/(1-p)^2` (derivation in
+    :mod:`pyro_dropout.benchmarks.uci.protocol`)."""
     return 2.0 * tau / (1.0 - dropout_rate) ** 2
 
 

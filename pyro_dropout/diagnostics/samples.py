@@ -32,11 +32,12 @@ from pyro import poutine
 from pyro.poutine.runtime import get_plates
 from pyro.poutine.util import site_is_subsample
 
+from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
 from ..infer.draws import _DRAW_PLATE, NotVectorizable
 from . import _arviz_compat as compat
-from .export import build_groups, guide_info
+from .groups import build_groups, guide_info
 from .sampling import Draws, PredictiveDraws, check_inputs, draw_posterior
 
 __all__ = [
@@ -168,8 +169,6 @@ def _split_chains(ds: xr.Dataset, num_chains: int) -> xr.Dataset:
 
 
 def _base_attrs(model: Any, family: str, config: dict, obs_name: str, task: str, n: int) -> dict:
-    from .. import __version__ as pkg_version
-
     return {
         "guide_family": family,
         "guide_config": json.dumps(config, sort_keys=True, default=str),
@@ -180,7 +179,7 @@ def _base_attrs(model: Any, family: str, config: dict, obs_name: str, task: str,
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
         "inference_library": "pyro",
         "inference_library_version": pyro.__version__,
-        "pyro_dropout_version": pkg_version,
+        "pyro_dropout_version": __version__,
         "arviz_version": compat.ARVIZ_VERSION,
     }
 

@@ -1,7 +1,7 @@
 """Pyro effect handlers: local reparameterisation of Bayesian layers and of the linear and
 convolution operations of any Pyro model."""
 
-from .guided_value import GuidedValue
+from ..nn.guided_value import GuidedValue
 from .lrt_messenger import (
     ESTIMATORS,
     LocalReparameterizationMessenger,

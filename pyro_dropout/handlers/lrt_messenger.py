@@ -14,7 +14,7 @@ family (:func:`register_local_reparameterization`) instead of by the drawn weigh
 * the library's layers call the effectful op :func:`~pyro_dropout.nn.functional.bayesian_layer`
   with the site names of their weight and bias;
 * any other code (``PyroModule[nn.Linear]``, ``PyroModule[nn.Conv2d]``, a functional model's
-  ``x @ w.T``) receives at each guided site a :class:`~pyro_dropout.handlers.guided_value.GuidedValue`,
+  ``x @ w.T``) receives at each guided site a :class:`~pyro_dropout.nn.guided_value.GuidedValue`,
   an alias of the drawn tensor whose linear, matmul and convolution operations are routed here.
 
 Nothing is monkey-patched. A weight that reaches an operation without a rule (an elementwise
@@ -50,7 +50,7 @@ from torch.distributions import Distribution, Independent, Normal, constraints
 from torch.nn.modules.utils import _pair, _single
 
 from ..nn.functional import ConvSpec, LinearSpec, add_bias, align_to_frames, unexpand
-from .guided_value import SiteRecord, laid_out, plain, wrap
+from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
@@ -229,7 +229,7 @@ class LocalReparameterizationMessenger(Messenger):
 
     def answer_linear(self, x, w, bias, transposed_layout):
         """``F.linear`` / ``matmul`` of ``x`` with the guided value ``w`` (called by
-        :class:`~pyro_dropout.handlers.guided_value.GuidedValue`)."""
+        :class:`~pyro_dropout.nn.guided_value.GuidedValue`)."""
         site = w._pd_site
         spec = LinearSpec(transposed=transposed_layout, vector=site.event_dim == 1)
         return self._answer_op(x, site, bias, spec)

@@ -1,8 +1,8 @@
 """Fitting (plain Pyro SVI) and Monte-Carlo prediction."""
 
 from .compiled import CompilationWarning, JitMeanFieldELBO
-from .elbo import MeanFieldELBO
 from .fit import fit
+from .mean_field_elbo import MeanFieldELBO
 from .optim import FusedOptim, fused_adam
 from .predict import Prediction, predict
 from .tau import gal_tau, gal_weight_decay, prior_scale_from_length_scale

@@ -18,7 +18,7 @@ from pyro.util import warn_if_nan
 
 from ..handlers.lrt_messenger import _user_stacklevel
 from . import traced
-from .elbo import MeanFieldELBO
+from .mean_field_elbo import MeanFieldELBO
 
 __all__ = ["CompilationWarning", "JitMeanFieldELBO"]
 

@@ -13,9 +13,9 @@ from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
-from .compiled import CompilationWarning, JitMeanFieldELBO
+from .compiled import CompilationWarning
 from .data import as_model_input, check_rows
-from .elbo import MeanFieldELBO
+from .elbo import make_elbo
 from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
 
@@ -190,21 +190,6 @@ def fit(
     return losses
 
 
-def make_elbo(model, jit="auto", num_particles=1, vectorize_particles=False):
-    """The ELBO ``fit`` trains with: :class:`MeanFieldELBO`, compiled
-    (:class:`JitMeanFieldELBO`) unless ``jit=False``, eager with a warning where it cannot be
-    compiled if ``jit="auto"``; with the model's ``max_plate_nesting`` when it declares one
-    (Pyro guesses it otherwise)."""
-    kwargs = dict(
-        num_particles=num_particles,
-        vectorize_particles=vectorize_particles,
-        max_plate_nesting=getattr(model, "max_plate_nesting", float("inf")),
-    )
-    if not jit:
-        return MeanFieldELBO(**kwargs)
-    return JitMeanFieldELBO(fallback=jit == "auto", **kwargs)
-
-
 _FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
 
 
@@ -237,7 +222,7 @@ def _fit_on_devices(*, model, guide, x, y, batch_size, optim, devices, **kw):
             "fit(devices=...) trains with torch.optim.Adam(lr=lr); for another optimiser use "
             "pyro_dropout.lightning.BayesianModule(model, guide, optimizer=...) with a Trainer"
         )
-    from ..lightning import fit_on_devices  # lazy: lightning is an optional dependency
+    from .lightning_module import fit_on_devices  # lazy: Lightning is an optional extra
 
     if isinstance(x, (DataLoader, Dataset)):  # the checks and the loader of the SVI route
         loader = _batches(model, guide, x, y, batch_size, False, kw["num_data"]).loader

@@ -10,8 +10,8 @@ from pyro.poutine.runtime import get_plates
 from torch.nn.modules.utils import _pair, _single
 
 from .._checks import positive_int
-from ..handlers.guided_value import plain
 from .functional import ConvSpec, LinearSpec, align_to_frames, bayesian_layer
+from .guided_value import plain
 from .priors import make_prior
 
 __all__ = ["BayesianLinear", "BayesianConv1d", "BayesianConv2d"]

@@ -1,0 +1,113 @@
+"""The summary of the finished units: test RMSE and LL per dataset and guide (mean ± SE
+over splits, population SD), chosen configurations, wall times, commits and reduced budgets;
+written as ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from datetime import UTC, datetime
+
+import numpy as np
+
+from .. import uci_model as um
+from ..uci_published import PUBLISHED, PUBLISHED_COLUMNS
+from .protocol import FULL_MC_SAMPLES
+from .units import _read_json, _unit_dir, commit_label
+
+
+def _mean_se(values):
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return None, None
+    return float(a.mean()), float(a.std(ddof=0) / math.sqrt(a.size))
+
+
+def _reductions(ds, settings, splits_done):
+    notes = []
+    if len(splits_done) < ds.n_splits:
+        notes.append(f"{len(splits_done)}/{ds.n_splits} splits")
+    if settings["epochs"] != settings["full_epochs"]:
+        notes.append(f"{settings['epochs']} epochs (protocol: {settings['full_epochs']})")
+    if settings["mc_samples"] < FULL_MC_SAMPLES:
+        notes.append(f"T = {settings['mc_samples']} (protocol: {FULL_MC_SAMPLES})")
+    if settings["val_mc_samples"] < FULL_MC_SAMPLES:
+        notes.append(f"validation T = {settings['val_mc_samples']}")
+    full_grid = um.grid(settings["guide"], ds.dropout_rates, ds.tau_values)
+    if settings["quick"] and settings["grid"] != full_grid:
+        notes.append(f"reduced grid ({len(settings['grid'])} configurations)")
+    return notes
+
+
+def summarize(out, datasets, guides):
+    """Aggregate the finished units under ``out`` (mean ± SE over splits, ddof = 0)."""
+    summary = {"created": datetime.now(UTC).isoformat(timespec="seconds"), "datasets": {}}
+    for ds in datasets:
+        entry = {"n_splits": ds.n_splits, "guides": {}, "wall_s": 0.0}
+        for guide in guides:
+            files = sorted(
+                _unit_dir(out, ds.name, guide).glob("split_*[0-9].json"),
+                key=lambda p: int(p.stem.split("_")[1]),
+            )
+            recs = [_read_json(p) for p in files]
+            recs = [r for r in recs if r.get("status") == "done"]
+            if not recs:
+                continue
+            settings = recs[0]["settings"]
+            if any(r["settings"] != settings for r in recs):
+                raise RuntimeError(
+                    f"{_unit_dir(out, ds.name, guide)} mixes units run with different settings"
+                )
+            splits = [r["split"] for r in recs]
+            agg = {"splits": splits, "n_splits_done": len(splits), "settings": settings}
+            for key in ("rmse", "ll", "rmse_mean_weights"):
+                mean, se = _mean_se([r["test"][key] for r in recs])
+                agg[key] = {"mean": mean, "se": se, "per_split": [r["test"][key] for r in recs]}
+            chosen = {}
+            for r in recs:
+                label = json.dumps(r["chosen"], sort_keys=True)
+                chosen[label] = chosen.get(label, 0) + 1
+            if um.GUIDES[guide].calibrate_noise:  # continuous: the range, not counts
+                fs = [r["chosen"]["tau_factor"] for r in recs]
+                taus = [r["test"]["tau"] for r in recs]
+                chosen = {
+                    f"tau factor: median {statistics.median(fs):.3g}, range "
+                    f"{min(fs):.3g}-{max(fs):.3g} (test tau {min(taus):.3g}-{max(taus):.3g})": len(
+                        fs
+                    )
+                }
+            agg["chosen_counts"] = chosen
+            agg["learned_tau_test"] = [r["test"]["tau"] for r in recs]
+            agg["wall_s"] = float(sum(r["wall_s"] for r in recs))
+            validated = [r["validation"]["phase"] for r in recs if r.get("validation")]
+            agg["val_steps_per_s"] = (
+                statistics.median(v["steps_per_s"] for v in validated) if validated else None
+            )
+            agg["final_steps_per_s"] = statistics.median(
+                r["final_fit"]["steps_per_s"] for r in recs
+            )
+            agg["val_members_in_batch"] = (
+                max(v["members_in_batch"] for v in validated) if validated else None
+            )
+            agg["train_wall_s"] = float(
+                sum(
+                    r["final_fit"]["train_wall_s"] / len(r["final_fit"]["splits_in_batch"])
+                    for r in recs
+                )
+                + sum(v["train_wall_s"] / len(v["splits_in_batch"]) for v in validated)
+            )
+            commits = {}
+            for r in recs:
+                label = commit_label(r)
+                commits.setdefault(label, []).append(r["split"])
+            agg["commits"] = commits
+            agg["final_members_in_batch"] = max(r["final_fit"]["members_in_batch"] for r in recs)
+            agg["reduced"] = _reductions(ds, settings, splits)
+            agg["description"] = um.GUIDES[guide].description
+            entry["guides"][guide] = agg
+            entry["wall_s"] += agg["wall_s"]
+        entry["published"] = PUBLISHED.get(ds.name, {})
+        summary["datasets"][ds.name] = entry
+    summary["published_columns"] = {k: v[1] for k, v in PUBLISHED_COLUMNS.items()}
+    return summary
