@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from . import _arviz_compat as compat
+from . import _reader as rd
 from .vi_diagnostic import KHAT_OK
 
 __all__ = [
@@ -157,10 +158,10 @@ def n_params(data: Any) -> int | None:
 
 def fit_flags(data: Any) -> list[Flag]:
     """:func:`loo_flags` and :func:`vi_flags` of one exported fit."""
-    from .compare import loo
     from .vi_diagnostic import vi_diagnostic
 
-    lr, vi = loo(data), vi_diagnostic(data)
+    # compat.loo, as compare.loo does: compare imports this module (no loop back up)
+    lr, vi = compat.loo(data, var_name=rd.obs_name(data)), vi_diagnostic(data)
     return [
         *loo_flags(lr.pareto_k, lr.good_k, lr.p, n_params(data)),
         *vi_flags(vi["khat"], vi["point_mass"]),
