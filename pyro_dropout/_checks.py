@@ -2,7 +2,7 @@
 
 import numbers
 
-__all__ = ["positive_int", "positive_number"]
+__all__ = ["is_positive", "positive_int", "positive_number"]
 
 
 def positive_int(value, name):
@@ -17,3 +17,14 @@ def positive_number(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def is_positive(value):
+    """Whether ``value`` is a number (or a tensor of numbers) > 0 everywhere; False for a
+    string, a bool or anything that does not compare with 0 (no raw TypeError)."""
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        return bool((value > 0).all()) if hasattr(value, "all") else bool(value > 0)
+    except (TypeError, RuntimeError, ValueError):
+        return False

@@ -38,7 +38,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform, init_to_value
 from pyro.poutine.util import is_validation_enabled
 
 from ..handlers import weight_draws
-from ..infer.data import as_model_input
+from ..infer.conform import conform_data
 from . import _arviz_compat as compat
 from . import _reader as rd
 from .samples import samples_inference_data
@@ -414,7 +414,9 @@ def reference_posterior(
     if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
         raise ValueError(f"processes must be an integer >= 1; got {processes!r}")
     processes = min(int(processes), int(num_chains))
-    xm, ym = as_model_input(x, model, "x"), as_model_input(y, model, "y")
+    # The data rule of every entry point (pyro_dropout.infer.conform): checked rows, a (N, 1)
+    # target of a (N,) site reshaped (else NUTS would sample a (N, N) broadcast likelihood).
+    xm, ym, _, _ = conform_data(model, x, y, who="reference_posterior")
     inits = [
         _init_values(model, init_from, xm, ym, seed + c) if init_from is not None else {}
         for c in range(num_chains)

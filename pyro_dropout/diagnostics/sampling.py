@@ -25,7 +25,7 @@ import torch
 from pyro import poutine
 
 from ..handlers import weight_draws
-from ..infer.data import as_model_input
+from ..infer.conform import check_guide_matches, conform_data
 from ..infer.draws import run_draws
 
 __all__ = ["Draws", "PredictiveDraws", "draw_posterior"]
@@ -132,10 +132,26 @@ def draw_posterior(
         >>> d.train.log_lik.shape  # (100, N)  # doctest: +SKIP
     """
     check_inputs(x, y, x_test, y_test, num_samples)
-    x, y, x_test, y_test = (
-        as_model_input(a, model, n)
-        for a, n in zip((x, y, x_test, y_test), ("x", "y", "x_test", "y_test"), strict=True)
-    )
+    if getattr(guide, "prototype_trace", True) is None:
+        raise RuntimeError(
+            "to_inference_data: the guide has not been fitted (its prototype trace is empty); "
+            "call fit() or run the guide once with the training data (x, y) first"
+        )
+    # The rule of every entry point (pyro_dropout.infer.conform): rows and finite values
+    # checked, a (N, 1) target of a (N,) site reshaped, integer labels cast.
+    x, y, probe, _ = conform_data(model, x, y, who="to_inference_data", obs_name=obs_name)
+    check_guide_matches(probe.trace, guide, "to_inference_data")
+    if x_test is not None:
+        x_test, y_test, _, _ = conform_data(
+            model,
+            x_test,
+            y_test,
+            who="to_inference_data",
+            x_name="x_test",
+            y_name="y_test",
+            obs_name=obs_name,
+            finite=y_test is not None,
+        )
     det = _deterministic_sites(model, guide, x, y) if var_names is not None else []
     datasets = [((x, y), {})]
     if x_test is not None:

@@ -7,6 +7,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from .._checks import is_positive
 from ..distributions import BernoulliMaskedNormal
 from ..distributions.vector_weight import VectorWeight
 from .base import AutoWeightGuide
@@ -73,7 +74,7 @@ class AutoDropout(AutoWeightGuide):
         else:
             _check_rate(dropout_rate, "dropout_rate")
             dropout_rate = float(dropout_rate)
-        if not scale > 0:
+        if not is_positive(scale):
             raise ValueError(f"scale must be positive, got {scale}")
         super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
         self.dropout_rate = dropout_rate  # after Module.__init__: it may be a tensor

@@ -5,6 +5,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from .._checks import is_positive
 from .base import AutoWeightGuide
 from .init import init_to_fan_in
 
@@ -31,7 +32,7 @@ class AutoMeanField(AutoWeightGuide):
     family = "mean_field"
 
     def __init__(self, model, *, init_scale=0.01, init_loc_fn=init_to_fan_in, create_plates=None):
-        if not init_scale > 0:
+        if not is_positive(init_scale):
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.init_scale = float(init_scale)
         super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)

@@ -7,6 +7,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.nn import PyroParam
 
+from .._checks import is_positive
 from ..distributions import LogAlphaNormal
 from .base import AutoWeightGuide
 from .init import init_to_fan_in
@@ -90,9 +91,9 @@ class AutoVariationalDropout(AutoWeightGuide):
         if alpha not in ("weight", "unit", "layer"):
             raise ValueError(f"alpha must be 'weight', 'unit' or 'layer', got {alpha!r}")
         lo, hi = LOG_ALPHA_CLIP
-        if not lo <= init_log_alpha <= hi:
+        if isinstance(init_log_alpha, (bool, str)) or not lo <= init_log_alpha <= hi:
             raise ValueError(f"init_log_alpha must lie in {LOG_ALPHA_CLIP}, got {init_log_alpha}")
-        if not init_scale > 0:
+        if not is_positive(init_scale):
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.alpha = alpha
         self.init_log_alpha = float(init_log_alpha)

@@ -49,7 +49,14 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import Distribution, Independent, Normal, constraints
 from torch.nn.modules.utils import _pair, _single
 
-from ..nn.functional import ConvSpec, LinearSpec, add_bias, align_to_frames, unexpand
+from ..nn.functional import (
+    ConvSpec,
+    LinearSpec,
+    add_bias,
+    align_to_frames,
+    check_linear_input,
+    unexpand,
+)
 from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
@@ -256,6 +263,7 @@ class LocalReparameterizationMessenger(Messenger):
         return self._answer(site.name, x, site.value, site.event_dim, bias_value, bias_name, spec)
 
     def _answer(self, name, x, weight, event_dim, bias, bias_name, spec):
+        check_linear_input(x, weight, spec, name)
         out = None
         # A site used more than once in one run is used as drawn at every use (one draw from
         # q shared by the uses, as the model says); its bias likewise.
@@ -399,6 +407,11 @@ class LocalReparameterizationMessenger(Messenger):
 
     def _report(self, message, key):
         if self.strict:
+            message = message.replace(
+                " Pass strict=True to make this an error.",
+                " This is an error because local_reparameterization(strict=True) was passed; "
+                "without strict it is a warning.",
+            )
             raise NotImplementedError(message)
         if key not in self._warned:
             self._warned.add(key)

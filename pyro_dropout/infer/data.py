@@ -63,19 +63,22 @@ def _first_bad_row(bad):
     return int(rows.nonzero()[0, 0])
 
 
-def check_rows(x, y, x_name="x", y_name="y", offset=0):
-    """Same number of rows, at least one row, finite floating values; the error names the
-    argument and the first bad row (``offset`` is added, e.g. for a minibatch)."""
+def check_rows(x, y, x_name="x", y_name="y", offset=0, finite=True):
+    """Same number of rows, at least one row, finite floating values (when ``finite``); the
+    error names the argument and the first bad row (``offset`` is added, e.g. for a
+    minibatch)."""
     if x.dim() == 0:
         raise ValueError(f"{x_name} must have one row per observation; got a scalar")
     n = x.shape[0]
     if n == 0:
-        raise ValueError(f"{x_name} has no rows")
+        raise ValueError(f"{x_name} has no rows (shape {tuple(x.shape)}): pass at least one row")
     if y is not None:
         if y.dim() == 0:
             raise ValueError(f"{y_name} must have one row per observation; got a scalar")
         if y.shape[0] != n:
             raise ValueError(f"{x_name} has {n} rows but {y_name} has {y.shape[0]}")
+    if not finite:
+        return
     for t, name in ((x, x_name), (y, y_name)):
         if t is not None and torch.is_floating_point(t):
             bad = ~torch.isfinite(t)

@@ -5,7 +5,9 @@ import math
 import warnings
 import weakref
 
+import numpy as np
 import pyro
+import torch
 from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
@@ -14,7 +16,8 @@ from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
 from .compiled import CompilationWarning
-from .data import as_model_input, check_rows
+from .conform import check_guide_matches, conform_data
+from .data import as_model_input
 from .elbo import make_elbo
 from .minibatch import InMemoryBatches, LoaderBatches
 from .optim import fused_adam
@@ -43,13 +46,16 @@ def fit(
     seed=None,
     num_data=None,
     devices=None,
+    model_args=(),
+    model_kwargs=None,
 ):
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
     analytic KLs where registered, without computing the log densities those make unused).
 
     Any Pyro model called as ``model(x, y)`` works: this library's models, ``PyroModule``
-    networks, functional models.
+    networks, functional models; a model with further arguments is called as
+    ``model(x, *model_args, y, **model_kwargs)``.
 
     :param x: inputs, one row per observation: a tensor or numpy array (floating values are
         cast to the model's dtype, see :mod:`pyro_dropout.infer.data`), a
@@ -62,7 +68,10 @@ def fit(
         are checked before the first step: finite values and, for a discrete observed site,
         values in its support (e.g. class labels below the number of classes); the error
         names the argument and the first bad row. Streamed batches are checked during the
-        first epoch.
+        first epoch (also on the Lightning route). The shape must be the observed site's, up
+        to a trailing axis of size 1 (``(N, 1)`` for a site of shape ``(N,)`` and the reverse
+        are reshaped; any other shape is refused); integer labels are cast to the site's dtype
+        (see :mod:`pyro_dropout.infer.conform`).
     :param num_steps: number of gradient steps, or
     :param num_epochs: number of passes over the data (``ceil(N / batch_size)`` steps each).
     :param batch_size: minibatch size; ``None`` uses all data each step. Minibatches are drawn
@@ -98,14 +107,24 @@ def fit(
     :param seed: if given, ``pyro.set_rng_seed(seed)`` first.
     :param int num_data: the full data size ``N`` for a streamed source whose dataset has no
         length (an ``IterableDataset``: then pass ``num_steps``, as an epoch's length is
-        unknown); by default the length of the Dataset or of the DataLoader's dataset.
-        Ignored for in-memory tensors (``N`` is their number of rows).
+        unknown); by default the length of the Dataset or of the DataLoader's dataset. A
+        positive integer, at least the rows of one minibatch; a value that differs from the
+        dataset's length is used, with a warning. For in-memory tensors ``N`` is their number
+        of rows (a different ``num_data`` is refused).
     :param int devices: train with PyTorch Lightning (extra ``lightning``) on this many
         devices instead of plain SVI: ``1`` for one process, ``K > 1`` for
         ``strategy="ddp"`` on ``K`` CPU processes or GPUs (Lightning's launcher re-runs the
         script for the other ranks: run it as a script). The same ELBO, scale and Adam update
         (:class:`pyro_dropout.lightning.BayesianModule`; ``optim`` is not accepted); the
         returned losses are this process's. See ``docs/scaling-out.md``.
+    :param tuple model_args: further positional arguments of the model (and guide), passed
+        after ``x`` and before ``y``.
+    :param dict model_kwargs: further keyword arguments of the model (and guide), as
+        ``predict(..., **model_kwargs)`` passes them. With in-memory ``x``, a tensor (in
+        either) with one row per row of ``x`` is sliced with each minibatch; anything else
+        (a tensor of another length, a number, a string) is passed whole. Floating arrays are
+        cast to the model's dtype. Not accepted with a Dataset, a DataLoader or ``devices``
+        (put per-row tensors in the dataset).
 
     ``model.max_plate_nesting`` is passed to the ELBO when the model has it (the library's
     models do); for a wrapped model (e.g. ``poutine.block(model)``) Pyro guesses it.
@@ -135,11 +154,12 @@ def fit(
         pyro.set_rng_seed(seed)
     if num_data is not None:
         positive_int(num_data, "num_data")
+    model_args, model_kwargs = _model_extras(model, guide, model_args, model_kwargs, x, devices)
     if jit not in (True, False, "auto"):
         raise ValueError(f"jit must be True, False or 'auto', got {jit!r}")
     if devices is not None:
         return _fit_on_devices(**locals())
-    batches = _batches(model, guide, x, y, batch_size, jit, num_data)
+    batches = _batches(model, guide, x, y, batch_size, jit, num_data, model_args, model_kwargs)
     if num_steps is None and batches.steps_per_epoch is None:
         raise ValueError(
             "fit: the data are a stream without a length (IterableDataset), so an epoch has "
@@ -166,6 +186,7 @@ def fit(
         for step in range(total):
             args, kwargs, scaling = batches.step(step)
             if step == 0:  # the model has been probed by now
+                check_guide_matches(batches.probe.trace, guide, "fit")
                 _warn_if_model_params_are_shared(model, guide, batches.probe.params)
             shape = tuple(args[0].shape)
             checked = shape in checked_shapes
@@ -227,9 +248,9 @@ def _fit_on_devices(*, model, guide, x, y, batch_size, optim, devices, **kw):
     if isinstance(x, (DataLoader, Dataset)):  # the checks and the loader of the SVI route
         loader = _batches(model, guide, x, y, batch_size, False, kw["num_data"]).loader
     else:
-        x = as_model_input(x, model, "x", guide)
-        y = as_model_input(y, model, "y", guide)
-        check_rows(x, y)
+        x, y, probe, _ = conform_data(model, x, y, who="fit", guide=guide)
+        _check_in_memory_num_data(kw["num_data"], x.shape[0])
+        check_guide_matches(probe.trace, guide, "fit")
         data = TensorDataset(x) if y is None else TensorDataset(x, y)
         loader = DataLoader(data, batch_size=batch_size or x.shape[0], shuffle=True)
     keys = (
@@ -239,7 +260,52 @@ def _fit_on_devices(*, model, guide, x, y, batch_size, optim, devices, **kw):
     return fit_on_devices(model, guide, loader, devices=devices, **{k: kw[k] for k in keys})
 
 
-def _batches(model, guide, x, y, batch_size, jit, num_data=None):
+def _model_extras(model, guide, model_args, model_kwargs, x, devices):
+    """``model_args`` as a tuple and ``model_kwargs`` as a dict, arrays cast as ``x``."""
+    if isinstance(model_args, (str, bytes, dict)) or not isinstance(model_args, (tuple, list)):
+        raise TypeError(
+            f"model_args must be a tuple of further positional arguments of the model; got "
+            f"{type(model_args).__name__} (for one argument z pass model_args=(z,))"
+        )
+    if model_kwargs is None:
+        model_kwargs = {}
+    if not isinstance(model_kwargs, dict) or not all(isinstance(k, str) for k in model_kwargs):
+        raise TypeError(
+            f"model_kwargs must be a dict of keyword arguments of the model; got "
+            f"{type(model_kwargs).__name__}"
+        )
+    if "num_data" in model_kwargs:
+        raise ValueError(
+            "model_kwargs: pass num_data to fit itself (fit passes num_data=N to a model that "
+            "takes it, with minibatches)"
+        )
+    if (model_args or model_kwargs) and (
+        devices is not None or isinstance(x, (Dataset, DataLoader))
+    ):
+        raise ValueError(
+            "model_args / model_kwargs are supported with in-memory x only (not with a Dataset, "
+            "a DataLoader or devices): put per-row tensors into the dataset's x"
+        )
+
+    def cast(v, name):
+        if torch.is_tensor(v) or isinstance(v, np.ndarray):
+            return as_model_input(v, model, name, guide)
+        return v
+
+    args = tuple(cast(v, f"model_args[{i}]") for i, v in enumerate(model_args))
+    kwargs = {k: cast(v, f"model_kwargs[{k!r}]") for k, v in model_kwargs.items()}
+    return args, kwargs
+
+
+def _check_in_memory_num_data(num_data, n):
+    if num_data is not None and num_data != n:
+        raise ValueError(
+            f"fit: num_data={num_data} but x has {n} rows: with in-memory data N is the number "
+            "of rows of x; leave num_data out (it is for streamed data without a length)"
+        )
+
+
+def _batches(model, guide, x, y, batch_size, jit, num_data=None, model_args=(), model_kwargs=None):
     """The minibatch source for ``fit``'s data (see :mod:`pyro_dropout.infer.minibatch`)."""
     if isinstance(x, DataLoader):
         if y is not None or batch_size is not None:
@@ -264,6 +330,15 @@ def _batches(model, guide, x, y, batch_size, jit, num_data=None):
         size = len(x) if batch_size is None else batch_size
         loader = DataLoader(x, batch_size=size, shuffle=True)
         return LoaderBatches(model, loader, guide, num_data)
-    x = as_model_input(x, model, "x", guide)
-    y = as_model_input(y, model, "y", guide)
-    return InMemoryBatches(model, x, y, batch_size, jit)
+    _check_in_memory_num_data(num_data, _rows(x))
+    return InMemoryBatches(model, x, y, batch_size, jit, guide, model_args, model_kwargs)
+
+
+def _rows(x):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(x)
+        except Exception:  # noqa: BLE001 - not an array: as_model_input says so
+            return None
+    return shape[0] if len(shape) else None

@@ -20,16 +20,16 @@ import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
 
+from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
+from .conform import check_guide_matches
 from .elbo import make_elbo
 from .minibatch import (
-    ModelProbe,
+    StreamCheck,
     accepts_num_data,
-    check_loader_probe,
+    check_num_data_covers,
     dataset_size,
-    loader_batch,
     minibatch_scaling,
-    probe_model,
 )
 
 try:
@@ -123,11 +123,11 @@ class BayesianModule(L.LightningModule):
             raise ValueError(f"validate must be 'first', 'always' or 'never', got {validate!r}")
         if jit not in (True, False, "auto"):
             raise ValueError(f"jit must be True, False or 'auto', got {jit!r}")
-        if num_data is not None and int(num_data) < 1:
-            raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
+        if num_data is not None:
+            num_data = positive_int(num_data, "num_data")
         self.model = model
         self.guide = guide
-        self.num_data = None if num_data is None else int(num_data)
+        self.num_data = num_data
         self.lr = lr
         self.optimizer_factory = optimizer
         self.local_reparameterization = local_reparameterization
@@ -136,7 +136,8 @@ class BayesianModule(L.LightningModule):
         self.validate = validate
         self.elbo = make_elbo(model, jit, num_particles, vectorize_particles)
         self._takes_num_data = accepts_num_data(model)
-        self._probe = None
+        #: fit's data checks: the rule of the first batch, the rows of the first epoch
+        self._check = StreamCheck(model, guide, "BayesianModule")
         self._n = None
         if example is not None:
             self._initialize(example)
@@ -145,10 +146,9 @@ class BayesianModule(L.LightningModule):
     def _initialize(self, batch):
         """Create the guide's parameters (Pyro creates them on the first call) and check the
         model once on ``batch``."""
-        x, y = loader_batch(batch, self.model, self.guide, "BayesianModule")
+        x, y = self._check(batch, check_rows_now=False)
         args = (x,) if y is None else (x, y)
-        self._probe = ModelProbe(probe_model(self.model, args, {}), x.shape[0])
-        check_loader_probe(self._probe, "BayesianModule")
+        check_guide_matches(self._check.probe.trace, self.guide, "BayesianModule")
         with torch.no_grad(), self._lrt():
             self.guide(*args)
 
@@ -182,22 +182,27 @@ class BayesianModule(L.LightningModule):
     def on_train_start(self):
         self._n = dataset_size(self.trainer.train_dataloader, self.num_data, "BayesianModule")
 
+    def on_train_epoch_start(self):
+        self._check.seen = 0  # rows are numbered from the start of the epoch's stream
+
     # -- the loss -----------------------------------------------------------------------------
     def elbo_terms(self, batch, num_data=None):
         r"""``(loss, data, kl)`` on one minibatch ``(x, y)`` scaled to ``num_data`` rows
         (default: the training data size): ``loss = kl - data`` is this rank's unbiased
         estimate of the full-data negative ELBO (module docs)."""
-        x, y = loader_batch(batch, self.model, self.guide, "BayesianModule")
+        training = self._trainer is not None and self.trainer.training
+        first_epoch = training and self.current_epoch == 0
+        x, y = self._check(batch, check_rows_now=first_epoch)
         args = (x,) if y is None else (x, y)
-        if self._probe is None:
-            self._probe = ModelProbe(probe_model(self.model, args, {}), x.shape[0])
-            check_loader_probe(self._probe, "BayesianModule")
+        if num_data is not None:
+            num_data = positive_int(num_data, "num_data")
         n = num_data if num_data is not None else (self._n or self.num_data)
         if n is None:
             raise RuntimeError(
                 "BayesianModule: the full data size is unknown outside Trainer.fit: pass "
                 "num_data to elbo_terms or to BayesianModule"
             )
+        check_num_data_covers(n, x.shape[0], "BayesianModule")
         kwargs, scaling = minibatch_scaling(self._takes_num_data, n, x.shape[0])
         validating = self.validate == "always" or (
             self.validate == "first" and self.global_step == 0

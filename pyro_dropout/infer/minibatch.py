@@ -17,28 +17,27 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import torch
-from pyro import poutine
-from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import constraints
 
+from .._checks import positive_int
+from .conform import ModelProbe, apply_map, check_support, conform_data, probe_model
 from .data import as_model_input, check_rows
 from .draws import SubsampleIndices
 
 __all__ = [
     "ModelProbe",
+    "check_support",
     "ScaleObserved",
+    "StreamCheck",
     "accepts_num_data",
     "dataset_size",
     "minibatch_scaling",
     "probe_model",
 ]
-
-#: Rows of the first probe of a model (the probe runs its forward pass once).
-PROBE_ROWS = 512
 
 
 class ScaleObserved(Messenger):
@@ -69,99 +68,29 @@ def accepts_num_data(model):
         return False
 
 
-class ModelProbe:
-    """What one run of the model (see :func:`probe_model`) shows: its observed sites
-    and the plates it subsamples."""
-
-    def __init__(self, trace, rows):
-        self.rows = rows
-        self.observed = {
-            name: site
-            for name, site in trace.nodes.items()
-            if site["type"] == "sample"
-            and site["is_observed"]
-            and not site_is_subsample(site)
-            and not site["infer"].get("_deterministic", False)
-        }
-        #: the model's own learnable parameters (pyro.param / PyroParam)
-        self.params = [n for n, s in trace.nodes.items() if s["type"] == "param"]
-        self.plates = {}
-        for name, site in trace.nodes.items():
-            if site["type"] == "sample" and site_is_subsample(site):
-                fn = site["fn"]
-                if fn.subsample_size is not None and fn.subsample_size < fn.size:
-                    self.plates[name] = (int(fn.size), int(fn.subsample_size))
-
-
-def probe_model(model, args, kwargs):
-    """Run ``model`` once, hidden from enclosing handlers, with latent sites at
-    :func:`~pyro_dropout.guides.init_to_fan_in` (real sites are not sampled: an improper
-    prior is fine)."""
-    from ..guides.init import dist_dtype, init_to_fan_in
-
-    # init_to_fan_in builds CPU tensors; the model's own layers (e.g. after model.to("cuda"))
-    # expect them where the data are, in the site's dtype (as the guides place theirs).
-    tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
-    device = tensors[0].device if tensors else None
-
-    def init(site):
-        value = init_to_fan_in(site)
-        if torch.is_tensor(value) and value.is_floating_point():
-            value = value.to(device=device, dtype=dist_dtype(site["fn"]))
-        return value
-
-    with poutine.block(), torch.no_grad():
-        tr = poutine.trace(InitMessenger(init)(model)).get_trace(*args, **kwargs)
-    return tr
-
-
-def check_support(y, probe, y_name="y", offset=0):
-    """``y`` within the support of the one observed site (class labels in range, counts
-    non-negative ...); the error names the first bad row."""
-    if y is None or len(probe.observed) != 1:
-        return
-    ((name, site),) = probe.observed.items()
-    support = site["fn"].support
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    if support is constraints.real or type(support) is type(constraints.real):
-        return  # finiteness is checked with the rows
-    try:
-        ok = support.check(y)
-    except (RuntimeError, TypeError):
-        return
-    if not torch.is_tensor(ok) or ok.shape[:1] != y.shape[:1]:
-        return
-    bad = ~ok.reshape(ok.shape[0], -1).all(-1)
-    if bad.any():
-        row = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"{y_name} row {row + offset} holds {y[row].tolist()}, outside the support of the "
-            f"observed site {name!r} ({type(site['fn']).__name__}: {_describe(support)})"
-        )
-
-
-def _describe(support):
-    if isinstance(support, constraints.integer_interval):
-        return f"integers {support.lower_bound}..{support.upper_bound}"
-    return str(support)
-
-
 class InMemoryBatches:
-    """Minibatches of in-memory tensors (module docs)."""
+    """Minibatches of in-memory tensors (module docs).
 
-    def __init__(self, model, x, y, batch_size, jit):
+    ``model_args`` / ``model_kwargs`` are further arguments of the model, which is called as
+    ``model(x, *model_args, y, **model_kwargs)``: a tensor with one row per row of ``x`` is
+    sliced with each minibatch, anything else is passed whole."""
+
+    def __init__(self, model, x, y, batch_size, jit, guide=None, model_args=(), model_kwargs=None):
+        self.model_args = tuple(model_args)
+        self.model_kwargs = dict(model_kwargs or {})
+        x, y, probe, self.rule = conform_data(
+            model,
+            x,
+            y,
+            who="fit",
+            guide=guide,
+            args=self.model_args,
+            kwargs=self.model_kwargs,
+            keep_rng=False,
+        )
         self.x, self.y = x, y
         self.n = x.shape[0]
-        check_rows(x, y)
-        n0 = min(self.n, PROBE_ROWS)
-        args = (x[:n0],) if y is None else (x[:n0], y[:n0])
-        try:
-            probe = ModelProbe(probe_model(model, args, {}), n0)
-        except Exception:  # noqa: BLE001 - e.g. subsample_size > n0: probe all rows
-            probe = ModelProbe(probe_model(model, self._args(x, y), {}), self.n)
         self.probe = probe
-        check_support(y, probe)
         self.plate = None
         #: Why the loss of this source cannot be compiled (None: it can).
         self.jit_blocker = None
@@ -200,15 +129,24 @@ class InMemoryBatches:
             self.steps_per_epoch = math.ceil(self.n / batch_size)
         self._order = None
 
-    @staticmethod
-    def _args(x, y):
-        return (x,) if y is None else (x, y)
+    def _call(self, x, y, idx=None):
+        """``(args, kwargs)`` of ``model(x, *model_args, y, **model_kwargs)``, per-row extras
+        sliced by ``idx``."""
+
+        def part(v):
+            if idx is not None and torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == self.n:
+                return v[idx]
+            return v
+
+        extra = tuple(part(v) for v in self.model_args)
+        args = (x, *extra) if y is None else (x, *extra, y)
+        return args, {k: part(v) for k, v in self.model_kwargs.items()}
 
     def step(self, step):
         """``(args, kwargs, messenger or None)`` of step ``step``."""
         k = step % self.steps_per_epoch
         if self.mode == "full":
-            return self._args(self.x, self.y), {}, None
+            return (*self._call(self.x, self.y), None)
         if k == 0:
             size = self.plate[1] if self.mode == "plate" else self.n
             self._order = torch.randperm(size, device=self.x.device)
@@ -217,27 +155,90 @@ class InMemoryBatches:
         if self.mode == "plate":
             if idx.numel() < b:  # complete the last chunk: a random subset of distinct rows
                 idx = torch.cat([idx, self._order[: b - idx.numel()]])
-            return self._args(self.x, self.y), {}, SubsampleIndices({self.plate[0]: idx})
-        args = self._args(self.x[idx], None if self.y is None else self.y[idx])
+            return (*self._call(self.x, self.y), SubsampleIndices({self.plate[0]: idx}))
+        args, kwargs = self._call(self.x[idx], None if self.y is None else self.y[idx], idx)
         if self.mode == "num_data":
-            return args, {"num_data": self.n}, None
-        return args, {}, ScaleObserved(self.n / idx.numel())
+            return args, {**kwargs, "num_data": self.n}, None
+        return args, kwargs, ScaleObserved(self.n / idx.numel())
 
 
 def dataset_size(loader, num_data=None, who="fit"):
     """The full-data size ``N`` for a loader's minibatch scale: ``num_data`` when given, else
     the length of the loader's dataset (the whole data set, also under a
     ``DistributedSampler``, which only picks each rank's rows)."""
-    if num_data is not None:
-        return int(num_data)
     try:
-        return len(loader.dataset)
+        length = len(loader.dataset)
     except TypeError:
+        length = None
+    if num_data is not None:
+        num_data = positive_int(num_data, "num_data")
+        if length is not None and length != num_data:
+            warnings.warn(
+                f"{who}: num_data={num_data} but the DataLoader's dataset has {length} rows: the "
+                f"likelihood is scaled as if the data had {num_data} rows ({num_data / length:.3g}"
+                " times the data). Leave num_data out to use the dataset's length (it is needed "
+                "only for a dataset without one).",
+                UserWarning,
+                stacklevel=3,
+            )
+        return num_data
+    if length is None:
         raise ValueError(
             f"{who}: the DataLoader's dataset has no length (an IterableDataset or a stream), "
             "so the full data size that scales the likelihood is unknown: pass num_data=N (the "
             "number of rows one pass over the data yields)"
-        ) from None
+        )
+    return length
+
+
+def check_num_data_covers(num_data, rows, who="fit"):
+    """``num_data`` (the full data size) is at least the rows of one minibatch."""
+    if num_data < rows:
+        raise ValueError(
+            f"{who}: num_data={num_data} is smaller than the {rows} rows of one minibatch: "
+            "num_data is the number of rows of the whole data set (one pass over the data), "
+            "which scales each minibatch's likelihood by num_data / rows"
+        )
+
+
+class StreamCheck:
+    """The data checks of ``fit`` for streamed batches (``fit``'s loader route and
+    :class:`~pyro_dropout.infer.lightning_module.BayesianModule`): the first batch probes the
+    model and fixes the rule of :mod:`~pyro_dropout.infer.conform` (target shape and dtype,
+    integer inputs); every batch is conformed by it; during the first epoch the rows are
+    checked (finite values, the observed site's support) with an error naming the row of the
+    epoch's stream."""
+
+    def __init__(self, model, guide=None, who="fit"):
+        self.model, self.guide, self.who = model, guide, who
+        self.probe = None
+        self.rule = None
+        self.seen = 0  # rows of the current (first) epoch so far
+
+    def __call__(self, batch, check_rows_now):
+        """``(x, y)`` of one batch, conformed (and checked when ``check_rows_now``)."""
+        x, y = loader_batch(batch, self.model, self.guide, self.who)
+        if self.probe is None:
+            x, y, self.probe, self.rule = conform_data(
+                self.model,
+                x,
+                y,
+                who=self.who,
+                guide=self.guide,
+                finite=check_rows_now,
+                keep_rng=False,
+            )
+            check_loader_probe(self.probe, self.who)
+        else:
+            x = self.rule.x(x)
+            y = apply_map(y, self.rule.y_map)
+            if check_rows_now:
+                check_rows(x, y, offset=self.seen)
+                check_support(y, self.probe, offset=self.seen)
+            y = self.rule.y(y, mapped=True)
+        if check_rows_now:
+            self.seen += x.shape[0]
+        return x, y
 
 
 def check_loader_probe(probe, who="fit"):
@@ -294,12 +295,12 @@ class LoaderBatches:
         self.num_data = accepts_num_data(model)
         self.jit_blocker = None  # a loader's model may not subsample its own plate
         self._it = None
-        self._seen = 0
         self._first_epoch = True
-        self.probe = None
+        self._check = StreamCheck(model, guide, "fit")
 
-    def _batch(self, batch):
-        return loader_batch(batch, self.model, self.guide)
+    @property
+    def probe(self):
+        return self._check.probe
 
     def _next(self, step):
         if self._it is None or (
@@ -317,21 +318,16 @@ class LoaderBatches:
         if self._it is not None:
             self._first_epoch = False
         self._it = iter(self.loader)
-        self._seen = 0
+        self._check.seen = 0
         try:
             return next(self._it)
         except StopIteration:
             raise ValueError(f"fit: the DataLoader yielded no batches (step {step})") from None
 
     def step(self, step):
-        x, y = self._batch(self._next(step))
+        # checked as the batches stream by, during the first epoch
+        x, y = self._check(self._next(step), self._first_epoch)
+        check_num_data_covers(self.n, x.shape[0])
         args = (x,) if y is None else (x, y)
-        if self.probe is None:
-            self.probe = ModelProbe(probe_model(self.model, args, {}), x.shape[0])
-            check_loader_probe(self.probe)
-        if self._first_epoch:  # checked as the batches stream by, once
-            check_rows(x, y, offset=self._seen)
-            check_support(y, self.probe, offset=self._seen)
-        self._seen += x.shape[0]
         kwargs, scaling = minibatch_scaling(self.num_data, self.n, x.shape[0])
         return args, kwargs, scaling

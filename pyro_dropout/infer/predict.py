@@ -3,10 +3,11 @@
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pyro
 import torch
 
-from .data import as_model_input
+from .conform import check_guide_matches, check_target_shape, conform_data
 from .draws import CHUNK_ELEMENTS, OBS_SAMPLE, RETURN_SITE, DistDraws, run_draws
 
 __all__ = ["predict", "Prediction", "CHUNK_ELEMENTS"]
@@ -138,7 +139,7 @@ class Prediction:
     def pointwise_log_likelihood(self, y):
         """``log p(y_i | θ_t)``, shape ``(T, N)``."""
         d0 = self._dist("log_likelihood")
-        y = _target_like(y, d0)
+        y = _target_like(y, d0, self.site)
         out = []
         for start in range(0, self.draws.num_draws, _EVAL_DRAWS):
             d = self.draws.dist(slice(start, start + _EVAL_DRAWS))
@@ -153,22 +154,29 @@ class Prediction:
         return torch.logsumexp(lp, 0) - math.log(lp.shape[0])
 
 
-def _target_like(y, d):
-    """``y`` as a tensor laid out like one draw of ``d`` (rows first), on its device."""
-    y = torch.as_tensor(y)
-    shape = d.batch_shape[1:] + d.event_shape
+def _target_like(y, d, site="obs"):
+    """``y`` as a tensor laid out like one draw of ``d`` (rows first), on its device: the
+    target rule of :mod:`~pyro_dropout.infer.conform` (a trailing axis of size 1 is added or
+    dropped, another shape is refused; integer labels cast to the site's dtype)."""
+    if not torch.is_tensor(y):
+        try:
+            y = torch.as_tensor(np.asarray(y))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(
+                f"y must be a tensor or an array of numbers; got {type(y).__name__}"
+            ) from e
+    shape = tuple(d.batch_shape[1:] + d.event_shape)
+    y = check_target_shape(y, shape, "y", site)
     like = d.sample() if d.support.is_discrete else d.mean
     if d.support.is_discrete and torch.is_floating_point(y):
-        if not torch.equal(y, y.round()):
-            raise ValueError("y holds non-integer values for a discrete observed site")
-    y = y.to(dtype=like.dtype, device=like.device)
-    if tuple(y.shape) != tuple(shape):
-        if y.numel() != math.prod(shape):
+        bad = y != y.round()
+        if bad.any():
+            row = int(bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0, 0]) if y.dim() else 0
             raise ValueError(
-                f"y has shape {tuple(y.shape)}; the observed site has shape {tuple(shape)} per draw"
+                f"y must hold whole numbers for the discrete observed site {site!r}; row {row} "
+                f"holds {y[row].tolist() if y.dim() else y.item()}"
             )
-        y = y.reshape(shape)
-    return y
+    return y.to(dtype=like.dtype, device=like.device)
 
 
 @torch.no_grad()
@@ -235,7 +243,10 @@ def predict(
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")
     if chunk_size is not None and not int(chunk_size) >= 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    x = as_model_input(x, model, "x", guide)
+    x, _, probe, _ = conform_data(
+        model, x, None, who="predict", guide=guide, kwargs=model_kwargs, finite=False
+    )
+    check_guide_matches(probe.trace, guide, "predict")
     if seed is not None:
         pyro.set_rng_seed(seed)
     run = run_draws(

@@ -64,6 +64,11 @@ def bayesianize(module, prior=None, bias_prior=None, deterministic=(), keep_drop
         net = torch.nn.Sequential(torch.nn.Linear(8, 50), torch.nn.ReLU(), torch.nn.Linear(50, 1))
         model = BayesianModel(bayesianize(net, prior=1.0), likelihood="regression", tau=10.0)
     """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"bayesianize: module must be a torch.nn.Module (a network to convert); got "
+            f"{type(module).__name__}"
+        )
     deterministic = tuple(deterministic)
     bad = sorted(
         {

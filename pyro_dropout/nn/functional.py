@@ -174,7 +174,24 @@ def add_bias(out, bias, spec):
     return out + bias
 
 
+def check_linear_input(x, weight, spec, name=None):
+    """A ``ValueError`` naming the weight site and the sizes when the input's last dim does
+    not match the weight's input dim (torch would say "mat1 and mat2 shapes cannot be
+    multiplied", naming neither the input nor the layer)."""
+    if not isinstance(spec, LinearSpec) or spec.vector or weight.dim() < 2 or x.dim() < 1:
+        return
+    width = weight.shape[-2] if spec.transposed else weight.shape[-1]
+    if x.shape[-1] != width:
+        site = f"weight site {name!r}" if name is not None else "a linear layer"
+        raise ValueError(
+            f"the input of {site} has {x.shape[-1]} features (shape {tuple(x.shape)}), but "
+            f"the weight takes {width}: check the number of columns of x (the model's inputs) "
+            "against the layer the model was built with"
+        )
+
+
 def _apply_layer(x, weight, bias, *, spec, bias_name=None):
+    check_linear_input(x, weight, spec)
     if isinstance(spec, LinearSpec):
         return spec(x, weight, bias)
     return add_bias(spec(x, weight), bias, spec)
