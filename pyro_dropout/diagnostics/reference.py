@@ -416,7 +416,7 @@ def reference_posterior(
     processes = min(int(processes), int(num_chains))
     # The data rule of every entry point (pyro_dropout.infer.conform): checked rows, a (N, 1)
     # target of a (N,) site reshaped (else NUTS would sample a (N, N) broadcast likelihood).
-    xm, ym, _, _ = conform_data(model, x, y, who="reference_posterior")
+    xm, ym, _, _ = conform_data(model, x, y, who="reference_posterior", obs_name=obs_name)
     inits = [
         _init_values(model, init_from, xm, ym, seed + c) if init_from is not None else {}
         for c in range(num_chains)

@@ -177,6 +177,25 @@ def input_error(who, model, x, x_name, y, y_name, error):
     )
 
 
+def _runs(fn):
+    with torch.random.fork_rng(devices=[]):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - only whether it runs
+            return False
+    return True
+
+
+def target_error(who, x, x_name, y, y_name, error):
+    """A ``ValueError`` for a model that raised on ``y`` (and runs without it)."""
+    msg = str(error).split("\n")[0].strip()
+    return ValueError(
+        f"{who}: the model raised {type(error).__name__} when called with {y_name} of "
+        f"{_describe(y)} (it runs on {x_name} of {_describe(x)} without {y_name}): {msg}. Pass "
+        f"{y_name} with one row per row of {x_name}, shaped as the model's observed site."
+    )
+
+
 # -- the target ---------------------------------------------------------------------------------
 
 
@@ -314,6 +333,7 @@ def conform_data(
         with ctx:
             return ModelProbe(probe_model(model, call_args(xx, yy), kwargs), rows)
 
+    rng = torch.random.get_rng_state()  # a retry draws what a first success would have
     try:
         try:
             probe = run(x[:n0], None if y is None else y[:n0], n0)
@@ -325,6 +345,9 @@ def conform_data(
         found = weights_in_subsampled_plate(getattr(e, "_pd_trace", None))
         if found is not None:
             raise ValueError(plate_message(who, *found)) from e
+        if y is not None and _runs(lambda: run(x[:n0], None, n0)):  # the target is the cause
+            raise target_error(who, x, x_name, y, y_name, e) from e
+        torch.random.set_rng_state(rng)
         if _is_integer(x):  # integer features: the model computes in floating point
             xf = x.to(model_dtype(model, guide))
             try:
