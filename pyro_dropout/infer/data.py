@@ -7,7 +7,10 @@ a ``torch.nn.Module`` that has any (this library's models do; ``model.double()``
 float64); else that of the guide's parameters, once it has any; else torch's default dtype
 (float32 unless changed with ``torch.set_default_dtype``, which is also what a Pyro model's
 ``dist.Normal(0., 1.)`` priors use). Integer and boolean arrays (class labels, counts) keep
-their dtype. To fit a functional model in float64, set the default dtype.
+their dtype here; the entry points then apply :mod:`pyro_dropout.infer.conform`: an integer
+``x`` is cast to the model's dtype when the model fails on integers and runs on the cast,
+integer labels are cast to the observed site's dtype. To fit a functional model in float64,
+set the default dtype.
 """
 
 from __future__ import annotations

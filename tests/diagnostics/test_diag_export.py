@@ -115,6 +115,7 @@ def test_multi_output_dims_deterministic_and_attrs(multi_out_data):
     guide = AutoNormal(multi_out_model)
     guide.family = "mean_field"
     guide.config = {"init_scale": 0.1, "nested": {"a": [1, 2]}}
+    guide(x, y)  # set up: an export refuses a guide never run (as predict does)
     d = to_inference_data(multi_out_model, guide, x, y, 20, var_names=["W", "b", "s", "W_norm"])
     post = group(d, "posterior")
     assert post["W"].dims == ("chain", "draw", "W_out", "W_in")

@@ -268,9 +268,13 @@ def test_ensemble_of_map_fits(linreg):
     table = compare({"ens": members}, x=x, y=y, num_samples=30)
     assert table.loc["ens", "family"] == "ensemble"
     shared = [(linreg_model, AutoDelta(linreg_model)), (linreg_model, AutoDelta(linreg_model))]
+    for _, g in shared:  # set up (an export refuses a guide never run, as predict does)
+        g(x, y)
     with pytest.raises(ValueError, match="members 0 and 1 are the same fit"):
         ensemble_inference_data(shared, x, y, 10)
     normals = [(linreg_model, AutoNormal(linreg_model)) for _ in range(2)]  # draws differ
+    for _, g in normals:
+        g(x, y)
     with pytest.raises(ValueError, match="sharing the param-store name 'AutoNormal'"):
         ensemble_inference_data(normals, x, y, 10)
 
