@@ -396,7 +396,8 @@ def build(guide, d_in, n_hidden, members: Members):
 def _build_hetero(guide, d_in, n_hidden, members):
     """The "<guide>-hetero" members: heteroscedastic outputs and a learned prior scale per
     layer on the weights (:class:`~pyro_dropout.nn.LearnedPrior`); ``eval_tau`` gives NaN
-    (the test LL uses each draw's predicted scale, see :func:`evaluate`)."""
+    before evaluation (the test LL uses each draw's predicted scale, and the recorded τ is
+    :func:`evaluate`'s summary of the predicted noise)."""
     cfg = members.configs
     dtype = torch.get_default_dtype()
     m = len(cfg)
@@ -621,6 +622,10 @@ def evaluate(
       (``Prediction.log_likelihood``'s formula; the logsumexp is accumulated chunk by chunk);
     * ``rmse_mean_weights``: RMSE of the network with the posterior-mean weights (for dropout,
       standard dropout's weight-averaging test-time net; the reference code's "standard" RMSE);
+    * heteroscedastic members (``model.heteroscedastic``): each pass gives a mean and a
+      scale per row, the LL is the mixture logsumexp_t log N(y_i; μ_t, σ_t) − log T (``tau``
+      unused) and ``Evaluation.tau`` records 1 / (mean over passes and rows of σ²), the
+      precision of the average predicted noise (a summary only);
     * ``ll_scan`` (if ``tau_factors``, a ``(K,)`` tensor): the same LL with τ replaced by
       ``tau_factors[k] · τ``, from the same passes (for calibrating τ on validation rows).
 
@@ -645,6 +650,7 @@ def evaluate(
     rows, chunk = _eval_blocks(m, n, width, num_samples, budget)
     total = torch.zeros(m, n, dtype=torch.float64, device=dev)
     lse = torch.full((m, n), -math.inf, dtype=torch.float64, device=dev)
+    noise_var = torch.zeros(m, dtype=torch.float64, device=dev)  # heteroscedastic: Σ σ²
     factors = None if tau_factors is None else tau_factors.double().to(dev)
     if factors is not None:
         lse_scan = torch.full((len(factors), m, n), -math.inf, dtype=torch.float64, device=dev)
@@ -662,6 +668,7 @@ def evaluate(
                 f, s_f = out[..., 0] * sd + mu, out[..., 1] * sd
                 total += f.sum(0)
                 log_n = -0.5 * ((ym - f) / s_f) ** 2 - s_f.log()
+                noise_var += (s_f**2).sum((0, -1))
                 lse = torch.logaddexp(lse, torch.logsumexp(log_n, 0))
                 if keep_samples:
                     kept.append(f)
@@ -681,6 +688,8 @@ def evaluate(
     rmse = ((ym - mean) ** 2).mean(-1).sqrt()
     const = -math.log(num_samples) - 0.5 * math.log(2 * math.pi)
     ll_i = lse + const + (0.0 if hetero else 0.5 * tau.log())
+    if hetero:  # the recorded τ: the precision of the mean predicted noise variance
+        tau = (num_samples * n / noise_var).reshape(m, 1)
     ll_scan = None
     if factors is not None:
         ll_scan = (lse_scan + const + 0.5 * (factors.reshape(-1, 1, 1) * tau).log()).mean(-1)
