@@ -28,6 +28,9 @@ from .nn import (
     BayesianLinear,
     BayesianMLP,
     BayesianModel,
+    HeteroscedasticGaussianLikelihood,
+    HyperPrior,
+    LearnedPrior,
     bayesianize,
 )
 
@@ -57,7 +60,10 @@ __all__ = [
     "BayesianModel",
     "BernoulliMaskedNormal",
     "ConcreteMaskedNormal",
+    "HeteroscedasticGaussianLikelihood",
+    "HyperPrior",
     "ImproperLogUniform",
+    "LearnedPrior",
     "Prediction",
     "__version__",
     "bayesianize",

@@ -39,6 +39,7 @@ from .. import (
 )
 from ..guides import init_to_glorot
 from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam, traced
+from ..nn import HeteroscedasticGaussianLikelihood
 
 __all__ = [
     "GUIDES",
@@ -63,6 +64,8 @@ DROPOUT_BIAS_PRIOR_SCALE = 1e6
 VD_BIAS_PRIOR_SCALE = 1.0
 #: Initial noise SD (standardised scale) of members that learn their noise precision.
 INIT_NOISE_SD = 0.1
+#: Floor of the heteroscedastic members' noise scale (standardised targets).
+HETERO_MIN_SCALE = 1e-3
 #: Prior scales (standardised data) searched for the mean-field guide.
 MEANFIELD_PRIOR_SCALES = (0.3, 1.0, 3.0)
 #: Elements (c·M·N·width) per vectorised Monte-Carlo chunk: cache-sized passes are fastest on a
@@ -97,18 +100,30 @@ class BatchedRegressionMLP(PyroModule):
     ``num_data / B`` for minibatches) and returns ``f`` of shape ``(..., M, B)``.
 
     :param noise_sd: ``(M,)`` fixed noise SDs on the standardised scale; NaN marks a member
-        whose noise SD is learned (a point estimate maximising its ELBO).
-    :param weight_prior, bias_prior: per-layer prior as for :class:`BayesianLinear`, or a
-        ``(M,)`` tensor of Normal prior scales (one per member).
+        whose noise SD is learned (a point estimate maximising its ELBO). Ignored when
+        ``heteroscedastic``.
+    :param weight_prior, bias_prior: per-layer prior as for :class:`BayesianLinear` (e.g.
+        ``"learned"``: one empirical-Bayes scale per layer and member), or a ``(M,)`` tensor
+        of Normal prior scales (one per member).
+    :param bool heteroscedastic: the last layer has two outputs, the mean and the noise scale
+        ``σ(x) = HETERO_MIN_SCALE + softplus(h + c)`` (``h = 0`` gives ``INIT_NOISE_SD``), as
+        :class:`~pyro_dropout.nn.HeteroscedasticGaussianLikelihood`; ``forward`` then returns
+        ``(..., M, B, 2)``: the mean and σ of every row (standardised scale).
     """
 
     max_plate_nesting = 2
 
-    def __init__(self, d_in, n_hidden, noise_sd, weight_prior, bias_prior):
+    def __init__(self, d_in, n_hidden, noise_sd, weight_prior, bias_prior, heteroscedastic=False):
         super().__init__()
         noise_sd = torch.as_tensor(noise_sd, dtype=torch.get_default_dtype()).reshape(-1, 1)
         self.members = noise_sd.shape[0]
-        widths = ((d_in, n_hidden), (n_hidden, 1))
+        self.heteroscedastic = bool(heteroscedastic)
+        if self.heteroscedastic:
+            noise_sd = torch.ones_like(noise_sd)  # unused
+            self.likelihood = HeteroscedasticGaussianLikelihood(
+                min_scale=HETERO_MIN_SCALE, init_scale=INIT_NOISE_SD
+            )
+        widths = ((d_in, n_hidden), (n_hidden, 2 if self.heteroscedastic else 1))
         layers = []
         for a, b in widths:
             layer = BayesianLinear(
@@ -142,12 +157,19 @@ class BatchedRegressionMLP(PyroModule):
     def forward(self, x, y=None, num_data=None):
         with pyro.plate("members", self.members, dim=-2):
             h = torch.relu(self.layers[0](x))
-            f = self.layers[1](h).squeeze(-1)
+            out = self.layers[1](h)
+            if self.heteroscedastic:
+                f, scale = self.likelihood.split(out)
+                f, scale = f.squeeze(-1), scale.squeeze(-1)
+            else:
+                f, scale = out.squeeze(-1), self.noise_sd()
             n = f.shape[-1]
             size = n if num_data is None else int(num_data)
             subsample = None if size == n else torch.arange(n)
             with pyro.plate("data", size, subsample=subsample, dim=-1):
-                pyro.sample("obs", dist.Normal(f, self.noise_sd()), obs=y)
+                pyro.sample("obs", dist.Normal(f, scale), obs=y)
+        if self.heteroscedastic:
+            return torch.stack([f, scale.expand_as(f)], -1)
         return f
 
 
@@ -211,6 +233,53 @@ GUIDES = {
     ),
 }
 
+#: Base guide of each "<guide>-hetero" configuration (issue 24).
+HETERO_BASE = {
+    "dropout-hetero": "dropout",
+    "concrete-hetero": "concrete",
+    "meanfield-hetero": "meanfield",
+    "vd-hetero": "vd",
+}
+_HETERO_TAIL = (
+    ", with both of issue 24's ingredients: a heteroscedastic likelihood (the net predicts "
+    "the mean and a noise scale per row, softplus with a floor of 1e-3, the scale head as "
+    "Bayesian as the rest) and a learned prior scale per layer on the weights (empirical "
+    "Bayes: the closed-form optimum mean E_q[w^2] emitted by the guide); no tau grid, the test "
+    "LL is the mixture over draws of the predicted Gaussians"
+)
+GUIDES.update(
+    {
+        "dropout-hetero": GuideSpec(
+            "dropout-hetero",
+            "AutoDropout",
+            "MC dropout (slab 1e-4, flat biases) with the dataset's dropout-rate grid chosen "
+            "by validation LL" + _HETERO_TAIL,
+            ("dropout_rate",),
+        ),
+        "concrete-hetero": GuideSpec(
+            "concrete-hetero",
+            "AutoConcreteDropout",
+            "Concrete dropout (one rate per layer learned, slab 1e-4, flat biases; no grid, "
+            "no validation phase)" + _HETERO_TAIL,
+            (),
+        ),
+        "meanfield-hetero": GuideSpec(
+            "meanfield-hetero",
+            "AutoMeanField",
+            "Bayes by Backprop (biases Normal(0, 1); no grid, no validation phase)" + _HETERO_TAIL,
+            (),
+        ),
+        "vd-hetero": GuideSpec(
+            "vd-hetero",
+            "AutoVariationalDropout",
+            "Variational dropout, one alpha per weight, with a Normal prior (learned scale) "
+            "in place of the log-uniform one (biases Normal(0, 1); no grid, no validation "
+            "phase)" + _HETERO_TAIL,
+            (),
+        ),
+    }
+)
+
 #: Factors on the learned precision scanned when ``concrete-tau`` calibrates the test-time τ on
 #: the validation rows (log-spaced, 12 % apart: the validation LL is flat to well under a
 #: standard error across one step).
@@ -233,6 +302,10 @@ def grid(guide, dropout_rates, tau_values, quick=False):
         priors = [1.0]
     if guide == "dropout":
         return [{"dropout_rate": p, "tau": t} for p in rates for t in taus]
+    if guide == "dropout-hetero":
+        return [{"dropout_rate": p, "noise": "heteroscedastic"} for p in rates]
+    if guide in HETERO_BASE:
+        return [{"noise": "heteroscedastic"}]
     if guide in ("concrete", "concrete-tau"):
         # No grid: the drop rates (and, for "concrete", the noise) are learned, so one
         # training per split; "concrete-tau" calibrates τ on the validation rows after it.
@@ -268,6 +341,8 @@ def build(guide, d_in, n_hidden, members: Members):
     cfg = members.configs
     dtype = torch.get_default_dtype()
     y_var = members.y_std**2
+    if guide in HETERO_BASE:
+        return _build_hetero(guide, d_in, n_hidden, members)
     if guide == "dropout":
         rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=torch.float64)
         tau = torch.tensor([c["tau"] for c in cfg], dtype=torch.float64)
@@ -316,6 +391,36 @@ def build(guide, d_in, n_hidden, members: Members):
         return 1.0 / (sd**2 * y_var)
 
     return model, g, eval_tau
+
+
+def _build_hetero(guide, d_in, n_hidden, members):
+    """The "<guide>-hetero" members: heteroscedastic outputs and a learned prior scale per
+    layer on the weights (:class:`~pyro_dropout.nn.LearnedPrior`); ``eval_tau`` gives NaN
+    before evaluation (the test LL uses each draw's predicted scale, and the recorded τ is
+    :func:`evaluate`'s summary of the predicted noise)."""
+    cfg = members.configs
+    dtype = torch.get_default_dtype()
+    m = len(cfg)
+    base = HETERO_BASE[guide]
+    bias = DROPOUT_BIAS_PRIOR_SCALE if base in ("dropout", "concrete") else VD_BIAS_PRIOR_SCALE
+    model = BatchedRegressionMLP(
+        d_in, n_hidden, torch.ones(m, dtype=dtype), "learned", bias, heteroscedastic=True
+    )
+    if base == "dropout":
+        rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=dtype)
+        g = AutoDropout(
+            model,
+            dropout_rate=rate.reshape(-1, 1, 1, 1),
+            scale=DROPOUT_SLAB_SCALE,
+            init_loc_fn=init_to_glorot,
+        )
+    elif base == "concrete":
+        g = AutoConcreteDropout(model, scale=DROPOUT_SLAB_SCALE, init_loc_fn=init_to_glorot)
+    elif base == "meanfield":
+        g = AutoMeanField(model, init_loc_fn=init_to_glorot)
+    else:
+        g = AutoVariationalDropout(model, alpha="weight", init_loc_fn=init_to_glorot)
+    return model, g, lambda: torch.full((m,), math.nan, dtype=torch.float64)
 
 
 # ---------------------------------------------------------------------------- training
@@ -461,8 +566,11 @@ class _Draw:
         with pyro.plate("_mc_samples", c, dim=-3):
             trace = poutine.trace(self.guide).get_trace(x[:, :rows])
             model = poutine.replay(self.model, trace=trace)
-            parts = [model(x[:, r0 : r0 + rows]).reshape(c, m, -1) for r0 in range(0, n, rows)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+            tail = (2,) if getattr(self.model, "heteroscedastic", False) else ()
+            parts = [
+                model(x[:, r0 : r0 + rows]).reshape(c, m, -1, *tail) for r0 in range(0, n, rows)
+            ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
     def __call__(self, x, c, rows):
         if not self.jit:
@@ -514,6 +622,10 @@ def evaluate(
       (``Prediction.log_likelihood``'s formula; the logsumexp is accumulated chunk by chunk);
     * ``rmse_mean_weights``: RMSE of the network with the posterior-mean weights (for dropout,
       standard dropout's weight-averaging test-time net; the reference code's "standard" RMSE);
+    * heteroscedastic members (``model.heteroscedastic``): each pass gives a mean and a
+      scale per row, the LL is the mixture logsumexp_t log N(y_i; μ_t, σ_t) − log T (``tau``
+      unused) and ``Evaluation.tau`` records 1 / (mean over passes and rows of σ²), the
+      precision of the average predicted noise (a summary only);
     * ``ll_scan`` (if ``tau_factors``, a ``(K,)`` tensor): the same LL with τ replaced by
       ``tau_factors[k] · τ``, from the same passes (for calibrating τ on validation rows).
 
@@ -532,11 +644,13 @@ def evaluate(
     mu = y_mean.double().reshape(m, 1).to(dev)
     sd = y_std.double().reshape(m, 1).to(dev)
     tau = tau.double().reshape(m, 1).to(dev)
+    hetero = getattr(model, "heteroscedastic", False)
     width = xm.shape[-1] + sum(layer.out_features for layer in model.layers)
     budget = _CHUNK_BUDGET if budget is None else budget
     rows, chunk = _eval_blocks(m, n, width, num_samples, budget)
     total = torch.zeros(m, n, dtype=torch.float64, device=dev)
     lse = torch.full((m, n), -math.inf, dtype=torch.float64, device=dev)
+    noise_var = torch.zeros(m, dtype=torch.float64, device=dev)  # heteroscedastic: Σ σ²
     factors = None if tau_factors is None else tau_factors.double().to(dev)
     if factors is not None:
         lse_scan = torch.full((len(factors), m, n), -math.inf, dtype=torch.float64, device=dev)
@@ -549,6 +663,16 @@ def evaluate(
     ):
         for s0 in range(0, num_samples, chunk):
             c = min(chunk, num_samples - s0)
+            if hetero:  # each draw's own Gaussian: the mixture LL, no τ
+                out = draw(xm, c, rows).double()
+                f, s_f = out[..., 0] * sd + mu, out[..., 1] * sd
+                total += f.sum(0)
+                log_n = -0.5 * ((ym - f) / s_f) ** 2 - s_f.log()
+                noise_var += (s_f**2).sum((0, -1))
+                lse = torch.logaddexp(lse, torch.logsumexp(log_n, 0))
+                if keep_samples:
+                    kept.append(f)
+                continue
             f = draw(xm, c, rows).double() * sd + mu
             total += f.sum(0)
             sq = (ym - f) ** 2
@@ -563,13 +687,16 @@ def evaluate(
     mean = total / num_samples
     rmse = ((ym - mean) ** 2).mean(-1).sqrt()
     const = -math.log(num_samples) - 0.5 * math.log(2 * math.pi)
-    ll_i = lse + const + 0.5 * tau.log()
+    ll_i = lse + const + (0.0 if hetero else 0.5 * tau.log())
+    if hetero:  # the recorded τ: the precision of the mean predicted noise variance
+        tau = (num_samples * n / noise_var).reshape(m, 1)
     ll_scan = None
     if factors is not None:
         ll_scan = (lse_scan + const + 0.5 * (factors.reshape(-1, 1, 1) * tau).log()).mean(-1)
     with pyro.validation_enabled(False):
         medians = guide.median()
-        f_mean_w = poutine.condition(model, data=medians)(xm).reshape(m, n).double() * sd + mu
+        f_mw = poutine.condition(model, data=medians)(xm)
+        f_mean_w = (f_mw[..., 0] if hetero else f_mw).reshape(m, n).double() * sd + mu
     rmse_mw = ((ym - f_mean_w) ** 2).mean(-1).sqrt()
     return Evaluation(
         rmse=rmse,

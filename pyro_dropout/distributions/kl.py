@@ -8,9 +8,12 @@ unexpanded parameters enter, which measured 25 % less time for the KL's forward 
 pass over a 400×784 weight. Same formula, same values (tested against torch's).
 """
 
+import math
+
 import pyro.distributions as pyro_dist
 import torch
-from torch.distributions import Independent, Normal, register_kl
+from torch.distributions import Gamma, Independent, Normal, TransformedDistribution, register_kl
+from torch.distributions.transforms import AffineTransform, ComposeTransform, ExpTransform
 
 from .._broadcast import broadcast_shape, unexpand
 from .bernoulli_masked_normal import BernoulliMaskedNormal
@@ -23,6 +26,7 @@ __all__ = [
     "kl_concrete_masked_normal_normal",
     "kl_normal_normal",
     "kl_normal_log_uniform",
+    "kl_lognormal_gamma",
     "neg_kl_log_uniform_molchanov",
     "neg_kl_log_uniform_kingma",
     "LOG_ALPHA_RANGE",
@@ -283,3 +287,53 @@ def kl_normal_normal(q, p):
 @register_kl(pyro_dist.Normal, pyro_dist.Normal)
 def _kl_pyro_normal_normal(q, p):
     return kl_normal_normal(q, p)
+
+
+def kl_lognormal_gamma(q, p):
+    r""":math:`\mathrm{KL}(q \,\|\, \mathrm{Gamma}(a, b))` for :math:`q` the law of
+    :math:`\exp(u)`, :math:`u \sim \mathcal N(μ, σ^2)` (a guide's mean-field factor on a
+    positive site, e.g. the precision of a weight prior under a Gamma hyperprior):
+
+    .. math::
+
+        \mathrm{KL} = -\tfrac12\log(2\pi e σ^2) - μ - a\log b + \log\Gamma(a) - (a-1)μ
+        + b\,e^{μ + σ^2/2}.
+
+    ``q`` is a ``TransformedDistribution`` of a Normal by one ``ExpTransform`` (what
+    :func:`torch.distributions.biject_to` gives for a positive support) or a ``LogNormal``;
+    anything else raises ``NotImplementedError`` (Monte-Carlo fallback in the ELBO).
+    """
+    if not _is_exp(q.transforms):
+        raise NotImplementedError
+    base = q.base_dist
+    if not isinstance(base, Normal) or q.event_shape != p.event_shape:
+        raise NotImplementedError
+    mu, sigma = base.loc, base.scale
+    a, b = p.concentration, p.rate
+    neg_entropy = -0.5 * torch.log(2 * math.pi * math.e * sigma * sigma) - mu
+    cross = a * torch.log(b) - torch.lgamma(a) + (a - 1) * mu - b * torch.exp(mu + 0.5 * sigma**2)
+    return neg_entropy - cross
+
+
+def _is_exp(transforms):
+    """Whether ``transforms`` compose to ``exp``: one ``ExpTransform`` and identity affine maps
+    (``biject_to(positive)`` is ``exp`` followed by ``AffineTransform(0, 1)``)."""
+    flat = []
+    for t in transforms:
+        flat.extend(t.parts if isinstance(t, ComposeTransform) else [t])
+    exps = [t for t in flat if isinstance(t, ExpTransform)]
+    others = [t for t in flat if not isinstance(t, ExpTransform)]
+    if len(exps) != 1:
+        return False
+    for t in others:
+        if not isinstance(t, AffineTransform) or t.event_dim != 0:
+            return False
+        loc, scale = torch.as_tensor(t.loc), torch.as_tensor(t.scale)
+        if not (bool((loc == 0).all()) and bool((scale == 1).all())):
+            return False
+    return True
+
+
+@register_kl(TransformedDistribution, Gamma)
+def _kl_transformed_gamma(q, p):
+    return kl_lognormal_gamma(q, p)

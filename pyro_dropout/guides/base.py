@@ -15,6 +15,7 @@ from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
+from ..distributions.empirical_bayes import EmpiricalBayesScale
 from ..handlers.weight_uses import WeightUses
 from .init import dist_dtype, init_to_fan_in
 
@@ -138,6 +139,8 @@ class AutoWeightGuide(AutoGuide):
         }
         self._event_dims = {}
         self._real = {}
+        #: Sites of a learned prior scale: {name: its EmpiricalBayesScale prior}.
+        self._eb_scales = {}
         observed = any(
             s["is_observed"] for s in self.prototype_trace.nodes.values() if s["type"] == "sample"
         )
@@ -164,6 +167,11 @@ class AutoWeightGuide(AutoGuide):
                         "subsampled plates."
                     )
             self._event_dims[name] = site["fn"].event_dim
+            eb = _empirical_bayes(site["fn"])
+            if eb is not None:
+                self._eb_scales[name] = eb
+                self._real[name] = False
+                continue
             init_mean = site["value"].detach()
             support = site["fn"].support
             real = _is_real(support)
@@ -196,11 +204,31 @@ class AutoWeightGuide(AutoGuide):
         return _deep_getattr(getattr(self, group), name)
 
     def _site_dist(self, name, site):
+        if name in self._eb_scales:
+            return self._eb_dist(name)
         if self._real[name]:
             return self._real_site_dist(name, site)
         base = dist.Normal(self._get("locs", name), self._get("scales", name))
         transform = biject_to(site["fn"].support)
         return dist.TransformedDistribution(base, [transform]).to_event(self._event_dims[name])
+
+    def _eb_dist(self, name):
+        """A learned prior scale: a ``Delta`` at the minimiser of the weights' KL,
+        ``s = sqrt(mean over the group of E_q[w²])`` (``E_q[w²] = Var + mean²`` of the weight
+        site's family), from this guide's own parameters. Not detached: the gradient is then
+        that of the ELBO profiled over ``s`` (the extra term is zero where the KL is analytic,
+        its derivative in ``s`` vanishing at the minimiser)."""
+        eb = self._eb_scales[name]
+        weight = self.prototype_trace.nodes[eb.weight_site]
+        q = self._site_dist(eb.weight_site, weight)
+        second = q.variance + q.mean**2
+        second = second.mean(dim=eb.reduce_dims, keepdim=True)
+        # the group's shape: drop the averaged dims
+        keep = [d for d in range(-second.dim(), 0) if d not in eb.reduce_dims]
+        lead = second.shape[: second.dim() - len(weight["fn"].event_shape)]
+        group = tuple(second.shape[d] for d in keep if d >= -len(weight["fn"].event_shape))
+        scale = second.reshape(lead + group).clamp_min(torch.finfo(second.dtype).tiny).sqrt()
+        return dist.Delta(scale, event_dim=len(eb.event_shape))
 
     def get_distributions(self):
         """The variational distribution of every latent site, as emitted at the site."""
@@ -239,7 +267,7 @@ class AutoWeightGuide(AutoGuide):
 
     def _mean(self, name, site):
         d = self._site_dist(name, site)
-        if self._real[name]:
+        if self._real[name] or name in self._eb_scales:
             return d.mean.detach().clone()
         return biject_to(site["fn"].support)(self._get("locs", name)).detach().clone()
 
@@ -265,6 +293,12 @@ def _instance_name(name):
     count = _INSTANCES.get(name, 0)
     _INSTANCES[name] = count + 1
     return name if count == 0 else f"{name}_{count}"
+
+
+def _empirical_bayes(fn):
+    while isinstance(fn, dist.Independent) or type(fn).__name__ == "ExpandedDistribution":
+        fn = fn.base_dist
+    return fn if isinstance(fn, EmpiricalBayesScale) else None
 
 
 def _is_real(support):

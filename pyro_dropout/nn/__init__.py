@@ -3,9 +3,13 @@
 from .convert import bayesianize
 from .functional import ConvSpec, LinearSpec, bayesian_layer
 from .layers import BayesianConv1d, BayesianConv2d, BayesianLinear
-from .likelihoods import CategoricalLikelihood, GaussianLikelihood
+from .likelihoods import (
+    CategoricalLikelihood,
+    GaussianLikelihood,
+    HeteroscedasticGaussianLikelihood,
+)
 from .models import BayesianConvNet, BayesianMLP, BayesianModel, make_likelihood
-from .priors import make_prior
+from .priors import HyperPrior, LearnedPrior, make_prior
 
 __all__ = [
     "BayesianConv1d",
@@ -17,6 +21,9 @@ __all__ = [
     "CategoricalLikelihood",
     "ConvSpec",
     "GaussianLikelihood",
+    "HeteroscedasticGaussianLikelihood",
+    "HyperPrior",
+    "LearnedPrior",
     "LinearSpec",
     "bayesian_layer",
     "bayesianize",

@@ -12,7 +12,14 @@ from torch.nn.modules.utils import _pair, _single
 from .._checks import positive_int
 from .functional import ConvSpec, LinearSpec, align_to_frames, bayesian_layer
 from .guided_value import plain
-from .priors import make_prior
+from .priors import (
+    HyperPrior,
+    LearnedPrior,
+    hierarchical_prior,
+    hyper_site_prior,
+    make_prior,
+    scaled_normal,
+)
 
 __all__ = ["BayesianLinear", "BayesianConv1d", "BayesianConv2d"]
 
@@ -37,17 +44,56 @@ class _BayesianLayer(PyroModule):
     def _setup_sites(self, weight_shape, bias_shape, prior, bias_prior):
         self.weight_shape = torch.Size(weight_shape)
         self.bias_shape = None if bias_shape is None else torch.Size(bias_shape)
-        self.prior = prior
-        self.bias_prior = prior if bias_prior is None else bias_prior
+        self.prior = hierarchical_prior(prior) or prior
+        if bias_prior is None:
+            # A learned scale (or precision) for the biases only on request: biases start at
+            # exactly 0, and for a guide with a small fixed posterior SD σ (MC dropout's slab)
+            # the fitted scale of an all-zero group is σ itself, whose weight decay 1/σ² then
+            # holds the biases at 0 (measured: the whole network collapsed to a constant).
+            bias_prior = None if hierarchical_prior(prior) is not None else prior
+        self.bias_prior = hierarchical_prior(bias_prior) or bias_prior
         # Empty buffer: follows .to(device) so priors are built on the layer's device.
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
-        self.weight = PyroSample(lambda self: self._prior(self.prior, self.weight_shape))
+        self._hyper_site(self.prior, "weight", self.weight_shape)
+        self.weight = PyroSample(lambda self: self._prior(self.prior, self.weight_shape, "weight"))
         if bias_shape is None:
             self.bias = None
         else:
-            self.bias = PyroSample(lambda self: self._prior(self.bias_prior, self.bias_shape))
+            self._hyper_site(self.bias_prior, "bias", self.bias_shape)
+            self.bias = PyroSample(
+                lambda self: self._prior(self.bias_prior, self.bias_shape, "bias")
+            )
 
-    def _prior(self, prior, shape):
+    def _hyper_site(self, spec, what, shape):
+        """The site of a learned prior scale (``<what>_prior_scale``) or of a Gamma-distributed
+        prior precision (``<what>_prior_precision``)."""
+        if isinstance(spec, LearnedPrior):
+            attr = f"{what}_prior_scale"
+        elif isinstance(spec, HyperPrior):
+            attr = f"{what}_prior_precision"
+        else:
+            return
+        setattr(
+            self,
+            attr,
+            PyroSample(
+                lambda self: hyper_site_prior(
+                    spec,
+                    self._pyro_get_fullname(what),
+                    shape,
+                    self._anchor.dtype,
+                    self._anchor.device,
+                )
+            ),
+        )
+
+    def _prior(self, prior, shape, what=None):
+        if isinstance(prior, LearnedPrior | HyperPrior):
+            if isinstance(prior, LearnedPrior):
+                scale = getattr(self, f"{what}_prior_scale")
+            else:
+                scale = getattr(self, f"{what}_prior_precision").rsqrt()
+            return scaled_normal(scale, prior, shape)
         return make_prior(prior, shape, self._anchor.device, self._anchor.dtype)
 
     @property
@@ -83,7 +129,8 @@ class BayesianLinear(_BayesianLayer):
 
     :param prior: prior on the weights: ``None``/a number ``s`` (``Normal(0, s)``, default 1), a
         scalar distribution such as ``ImproperLogUniform()``, or a callable ``shape -> dist``.
-    :param bias_prior: prior on the bias (defaults to ``prior``).
+    :param bias_prior: prior on the bias (defaults to ``prior``; to ``Normal(0, 1)`` when
+        ``prior`` is ``"learned"``/``"hyper"``, which a bias takes only when asked).
 
     Example::
 

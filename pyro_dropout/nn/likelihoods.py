@@ -13,7 +13,12 @@ from pyro.nn import PyroModule, PyroSample
 
 from .._checks import positive_number
 
-__all__ = ["GaussianLikelihood", "CategoricalLikelihood", "NOISE_PRIOR_LOG_SD"]
+__all__ = [
+    "GaussianLikelihood",
+    "HeteroscedasticGaussianLikelihood",
+    "CategoricalLikelihood",
+    "NOISE_PRIOR_LOG_SD",
+]
 
 #: Log-scale standard deviation of the default LogNormal prior on a learned noise scale: a
 #: weak prior, 95 % of its mass within a factor e^±3.9 ≈ 50 of its median.
@@ -88,6 +93,95 @@ class GaussianLikelihood(PyroModule):
     def predictive_distribution(self, f):
         """The distribution for given outputs without sampling anything (fixed τ only)."""
         return self.distribution(f) if self.tau is not None else None
+
+
+class HeteroscedasticGaussianLikelihood(PyroModule):
+    r"""``y ~ Normal(μ(x), σ(x))`` per output, the network predicting both: its outputs are
+    ``2 K`` columns for ``K`` targets, ``f = [g, h]``, with
+
+    .. math::
+
+        μ = g, \qquad σ = σ_{\min} + \mathrm{softplus}(h + c),
+        \qquad c = \mathrm{softplus}^{-1}(σ_0 - σ_{\min}),
+
+    so an output ``h = 0`` gives the scale ``σ_0`` (``init_scale``) and the floor
+    :math:`σ_{\min}` keeps the likelihood bounded where the data pin the mean exactly. The
+    scale head is simply part of the last layer's outputs, so it is as Bayesian as the rest
+    of the network: every guide and local reparameterisation treat it alike, and the
+    predictive is a mixture over weight draws of Gaussians with input-dependent scales
+    (:attr:`~pyro_dropout.infer.Prediction.aleatoric_variance` = the mean over draws of
+    :math:`σ^2(x)`, :attr:`~pyro_dropout.infer.Prediction.epistemic_variance` = the variance
+    over draws of :math:`μ(x)`, :meth:`~pyro_dropout.infer.Prediction.log_likelihood` the
+    mixture's log density).
+
+    A model of one's own calls it as :class:`~pyro_dropout.BayesianModel` does::
+
+        f = net(x)                                  # (..., N, 2 K)
+        fn = likelihood.distribution(f)             # Normal(μ, σ).to_event(1)
+        y = likelihood.check_target(y, f)
+        with pyro.plate("data", N):
+            pyro.sample("obs", fn, obs=y)
+
+    :param float min_scale: the floor :math:`σ_{\min}` (in the units of ``y``).
+    :param float init_scale: :math:`σ_0`, the scale at ``h = 0`` (above ``min_scale``).
+    """
+
+    kind = "regression"
+    #: Network outputs per target (mean and scale).
+    outputs_per_target = 2
+
+    def __init__(self, min_scale=1e-3, init_scale=1.0):
+        super().__init__()
+        self.min_scale = positive_number(min_scale, "min_scale")
+        self.init_scale = positive_number(init_scale, "init_scale")
+        if not self.init_scale > self.min_scale:
+            raise ValueError(f"init_scale ({init_scale}) must exceed min_scale ({min_scale})")
+        gap = self.init_scale - self.min_scale
+        self._shift = gap + math.log(-math.expm1(-gap))  # softplus^{-1}(gap)
+
+    def _targets(self, f):
+        k2 = f.shape[-1]
+        if k2 % 2:
+            raise ValueError(
+                f"a heteroscedastic likelihood needs 2 network outputs per target (mean, "
+                f"scale); got {k2} outputs"
+            )
+        return k2 // 2
+
+    def split(self, f):
+        """``(μ, σ)`` from network outputs ``f`` of shape ``(..., 2 K)``."""
+        k = self._targets(f)
+        loc, raw = f[..., :k], f[..., k:]
+        return loc, self.min_scale + torch.nn.functional.softplus(raw + self._shift)
+
+    def scale(self, f):
+        """The input-dependent noise scale σ(x) for network outputs ``f``."""
+        return self.split(f)[1]
+
+    def check_target(self, y, f):
+        if y is None:
+            return None
+        k = self._targets(f)
+        if not torch.is_floating_point(y):
+            y = y.to(f.dtype)
+        if y.dim() == 1 and k == 1:
+            y = y.unsqueeze(-1)
+        if y.dim() < 2 or y.shape[-1] != k or y.shape[-2] != f.shape[-2]:
+            raise ValueError(
+                f"y has shape {tuple(y.shape)} but the network output has shape "
+                f"{tuple(f.shape)} (mean and scale of {k} target(s)): expected (N, {k})"
+                + (" or (N,)" if k == 1 else "")
+            )
+        return y
+
+    def distribution(self, f):
+        """``Normal(μ(x), σ(x)).to_event(1)`` (one event per row)."""
+        loc, scale = self.split(f)
+        return dist.Normal(loc, scale).to_event(1)
+
+    def predictive_distribution(self, f):
+        """The distribution for given network outputs (nothing is sampled)."""
+        return self.distribution(f)
 
 
 class CategoricalLikelihood(PyroModule):

@@ -10,7 +10,11 @@ from pyro.nn import PyroModule
 
 from .._checks import positive_int
 from .layers import BayesianConv2d, BayesianLinear
-from .likelihoods import CategoricalLikelihood, GaussianLikelihood
+from .likelihoods import (
+    CategoricalLikelihood,
+    GaussianLikelihood,
+    HeteroscedasticGaussianLikelihood,
+)
 
 __all__ = ["BayesianModel", "BayesianMLP", "BayesianConvNet", "make_likelihood"]
 
@@ -47,7 +51,9 @@ def _activation(activation):
 
 def make_likelihood(likelihood, tau=None, init_noise_scale=1.0):
     """``"regression"`` (Gaussian; fixed precision ``tau`` or a latent noise scale when
-    ``tau is None``), ``"classification"`` (categorical), or a likelihood module (with
+    ``tau is None``), ``"heteroscedastic"`` (Gaussian with an input-dependent scale predicted
+    by the network, :class:`HeteroscedasticGaussianLikelihood`; ``init_noise_scale`` is its
+    scale at zero output), ``"classification"`` (categorical), or a likelihood module (with
     ``distribution(f)`` and ``check_target(y, f)``)."""
     if isinstance(likelihood, torch.nn.Module):
         if not (hasattr(likelihood, "distribution") and hasattr(likelihood, "check_target")):
@@ -58,13 +64,21 @@ def make_likelihood(likelihood, tau=None, init_noise_scale=1.0):
         return likelihood
     if likelihood in ("regression", "gaussian"):
         return GaussianLikelihood(tau=tau, init_noise_scale=init_noise_scale)
+    if likelihood == "heteroscedastic":
+        if tau is not None:
+            raise ValueError(
+                "tau is the precision of a homoscedastic likelihood; the heteroscedastic one "
+                "predicts its noise scale per input"
+            )
+        return HeteroscedasticGaussianLikelihood(init_scale=init_noise_scale)
     if likelihood in ("classification", "categorical"):
         if tau is not None:
             raise ValueError("tau is a regression setting; classification has no noise precision")
         _ = init_noise_scale
         return CategoricalLikelihood()
     raise ValueError(
-        f"likelihood must be 'regression', 'classification' or a module, got {likelihood!r}"
+        "likelihood must be 'regression', 'heteroscedastic', 'classification' or a module, "
+        f"got {likelihood!r}"
     )
 
 
@@ -119,9 +133,15 @@ class BayesianMLP(BayesianModel):
     :param int out_features: output dimension (classes for classification).
     :param hidden: hidden layer widths, e.g. ``(50,)`` (Gal's UCI net) or ``(400, 400)``.
     :param activation: ``"relu"``, ``"tanh"``, ... or a callable.
-    :param likelihood: ``"regression"`` or ``"classification"``.
+    :param likelihood: ``"regression"``, ``"heteroscedastic"`` (the last layer has
+        ``2 * out_features`` outputs: mean and noise scale of each target, see
+        :class:`HeteroscedasticGaussianLikelihood`), ``"classification"`` or a likelihood
+        module (with ``outputs_per_target`` network outputs per target, default 1).
     :param float tau: fixed noise precision for regression; ``None`` learns a noise scale.
-    :param prior: weight prior (see :class:`BayesianLinear`), default ``Normal(0, 1)``.
+    :param prior: weight prior (see :class:`BayesianLinear`), default ``Normal(0, 1)``;
+        ``"learned"`` (:class:`~pyro_dropout.nn.LearnedPrior`: the scale fitted to the data)
+        or ``"hyper"`` (:class:`~pyro_dropout.nn.HyperPrior`: a Gamma hyperprior on the
+        precision).
 
     Example::
 
@@ -145,16 +165,16 @@ class BayesianMLP(BayesianModel):
         in_features = positive_int(in_features, "in_features")
         out_features = positive_int(out_features, "out_features")
         hidden = _widths(hidden)
-        widths = (in_features,) + hidden + (out_features,)
+        likelihood = make_likelihood(likelihood, tau, init_noise_scale)
+        per_target = getattr(likelihood, "outputs_per_target", 1)
+        widths = (in_features,) + hidden + (out_features * per_target,)
         layers = PyroModule[torch.nn.ModuleList](
             [
                 BayesianLinear(a, b, prior=prior, bias_prior=bias_prior)
                 for a, b in zip(widths[:-1], widths[1:], strict=True)
             ]
         )
-        super().__init__(
-            _MLPNet(layers, _activation(activation)), likelihood, tau, init_noise_scale
-        )
+        super().__init__(_MLPNet(layers, _activation(activation)), likelihood)
         self.activation = activation
 
 

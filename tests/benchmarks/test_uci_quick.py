@@ -24,6 +24,8 @@ from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
 UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 GUIDES = ("dropout", "meanfield", "vd", "concrete", "concrete-tau")
+#: The default guides of a run: the above and issue 24's "<guide>-hetero" configurations.
+ALL_GUIDES = tuple(uci_model.GUIDES)
 
 
 @pytest.fixture(autouse=True)
@@ -61,8 +63,8 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
 
     saved = json.loads((out / "summary.json").read_text())
     entry = saved["datasets"]["yacht"]
-    assert set(entry["guides"]) == set(GUIDES)
-    for guide in GUIDES:
+    assert set(entry["guides"]) == set(ALL_GUIDES)
+    for guide in ALL_GUIDES:
         agg = entry["guides"][guide]
         assert agg["splits"] == [0, 1]
         for key in ("rmse", "ll", "rmse_mean_weights"):
@@ -90,6 +92,9 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
                 assert sorted(rates) == ["layers.0.weight", "layers.1.weight"]
                 assert all(len(r) == 1 and 0 < r[0] < 1 for r in rates.values())
                 assert not (out / "units" / "yacht" / guide / f"split_{k}.val.json").exists()
+            elif len(unit["settings"]["grid"]) == 1:  # "<guide>-hetero": one configuration
+                assert unit["validation"] is None
+                assert unit["chosen"] == {"noise": "heteroscedastic"}
             else:
                 assert len(unit["validation"]["configs"]) == len(unit["settings"]["grid"])
                 assert all(math.isfinite(c["val_ll"]) for c in unit["validation"]["configs"])
@@ -98,7 +103,7 @@ def test_quick_run_writes_results_and_resume_skips_finished_units(data_dir, tmp_
             assert unit["wall_s"] > 0 and unit["final_fit"]["steps_per_s"] > 0
     md = (out / "results.md").read_text()
     assert "| yacht |" in md and "†" in md and "0.6663" in md  # ours next to the anchor
-    for guide in GUIDES:
+    for guide in ALL_GUIDES:
         assert f"ours: {guide}" in md
     assert "## Targets" in md and "| yacht | " in md.split("## Targets")[1]
     concrete_targets = md.split("### Concrete dropout against the anchor")[1]

@@ -87,6 +87,8 @@ def _fit_and_evaluate(
         if validation and um.GUIDES[guide].calibrate_noise
         else None,
     )
+    if guide in um.HETERO_BASE:  # no τ: record the precision of the mean predicted noise
+        tau_learned = ev.tau.clone()
     rates = g.dropout_rates() if hasattr(g, "dropout_rates") else {}
     return {
         # learned drop rates (concrete): {site: [one per member]} for a layer-wise rate
