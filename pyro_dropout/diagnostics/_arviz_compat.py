@@ -130,6 +130,19 @@ def update_root_attrs(obj: Any, attrs: Mapping[str, Any]) -> None:
         obj.attrs.update(dict(attrs))
 
 
+def add_groups(obj: Any, groups: Mapping[str, xr.Dataset]) -> Any:
+    """Add (or replace) groups of an ArviZ object, in place; returns ``obj``."""
+    if IS_ARVIZ_1:
+        for name, ds in groups.items():
+            obj[name] = xr.DataTree(dataset=ds)
+    else:
+        for name in groups:
+            if name in obj.groups():
+                delattr(obj, name)  # InferenceData.__delattr__ drops the group
+        obj.add_groups({name: ds for name, ds in groups.items()})
+    return obj
+
+
 def to_netcdf(obj: Any, path: Any) -> Any:
     """Write an ArviZ object to a netCDF4/HDF5 file with the ``h5netcdf`` engine."""
     if IS_ARVIZ_1:
@@ -342,9 +355,123 @@ def psis_khat(log_ratios: np.ndarray) -> float:
     return float(np.asarray(khat))
 
 
+def psis_log_weights(log_lik: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSIS-LOO log weights of ``log_lik`` (``(S, N)`` pointwise log-likelihoods, one chain).
+
+    The weights of draw ``s`` for leaving out point ``i`` are ``1 / p(y_i | theta_s)``,
+    Pareto-smoothed (``reff = 1``) and normalised over draws. Returns ``(log_weights (S, N),
+    pareto_k (N,))``; 0.23: ``az.psislw(-log_lik)``, 1.x: ``array_stats.psislw(log_lik)``
+    (which smooths ``exp(-ary)``). A point whose log-likelihood is the same for every draw
+    gets uniform weights and k-hat = inf.
+    """
+    ll = np.asarray(log_lik, dtype=float)
+    s, n = ll.shape
+    lw = np.full((s, n), -np.log(s))
+    khat = np.full(n, np.inf)
+    idx = np.flatnonzero(np.ptp(ll, axis=0) > 0)
+    if idx.size:
+        sub = ll[:, idx].T  # (points, draws)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
+            if IS_ARVIZ_1:
+                from arviz_stats.base import array_stats
+
+                w, k = array_stats.psislw(sub, r_eff=1.0, axis=-1)
+            else:
+                w, k = az.psislw(-sub, reff=1.0)
+        w = np.asarray(w, dtype=float)
+        lw[:, idx] = (w - np.logaddexp.reduce(w, axis=-1, keepdims=True)).T
+        khat[idx] = np.asarray(k, dtype=float)
+    return lw, khat
+
+
 # --------------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------------
+#: The predictive checks of :func:`plot_predictive_check`, and the function of each line.
+PREDICTIVE_CHECKS = {
+    # kind: (0.23 function, 1.x function for regression, 1.x function for classification)
+    "ppc": ("plot_ppc", "plot_ppc_dist", "plot_ppc_rootogram"),
+    "loo_pit": ("plot_loo_pit", "plot_loo_pit", "plot_loo_pit"),
+    "bpv": ("plot_bpv", "plot_ppc_pit", "plot_ppc_pit"),
+}
+
+
+@contextlib.contextmanager
+def _arviz1_internal_warnings():
+    """Silence a warning that arviz-stats 1.x raises on its own intermediate arrays:
+    ``plot_ppc_rootogram`` builds a (class, ...) array that ``dict_to_dataset`` mistakes for
+    (chain, draw) and warns that the chain dimension is longer than the draw dimension."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Found chain dimension to be longer", category=UserWarning
+        )
+        yield
+
+
+def plot_predictive_check(
+    obj: Any,
+    kind: str,
+    var_name: str,
+    *,
+    prior: bool = False,
+    discrete: bool = False,
+    ax: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """One of ArviZ's predictive checks of variable ``var_name``; returns the Figure.
+
+    ``kind``:
+
+    * ``"ppc"``: predictive draws against the observed data. 0.23: ``az.plot_ppc`` (with
+      ``prior``: ``group="prior"``, the ``prior_predictive`` group); 1.x:
+      ``arviz_plots.plot_ppc_dist`` (continuous) or ``plot_ppc_rootogram`` (``discrete``),
+      ``group="prior_predictive"`` with ``prior`` (the observed data drawn too).
+    * ``"loo_pit"``: LOO-PIT, ``az.plot_loo_pit`` on both lines (0.23: KDE of the LOO-PIT
+      values; 1.x: their Delta-ECDF with a simultaneous envelope).
+    * ``"bpv"``: Bayesian p-values of the marginal predictive distributions. 0.23:
+      ``az.plot_bpv`` (``kind="u_value"``); 1.x: ``arviz_plots.plot_ppc_pit`` (the same PIT
+      values, as a Delta-ECDF).
+
+    0.23 draws into ``ax`` (a new one if None). arviz-plots 1.x builds its own figure; with
+    ``ax`` given, that figure is rendered and shown in ``ax`` as an image (so that several fits
+    share one figure). ``kwargs`` go to the ArviZ function.
+    """
+    import matplotlib.pyplot as plt
+
+    if kind not in PREDICTIVE_CHECKS:
+        raise ValueError(f"kind must be one of {sorted(PREDICTIVE_CHECKS)}; got {kind!r}")
+    if prior and kind != "ppc":
+        raise ValueError(f"kind={kind!r} checks the posterior; only 'ppc' has a prior version")
+    f023, f1_cont, f1_disc = PREDICTIVE_CHECKS[kind]
+    if not IS_ARVIZ_1:
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        args = {"y": var_name} if kind == "loo_pit" else {"var_names": [var_name]}
+        if kind == "ppc":
+            args["group"] = "prior" if prior else "posterior"
+        with _arviz023_internal_deprecations():
+            getattr(az, f023)(obj, ax=ax, show=False, **args, **kwargs)
+        return ax.figure
+    func = getattr(az, f1_disc if discrete else f1_cont)
+    args = {"var_names": [var_name], "backend": "matplotlib"}
+    if prior:
+        # arviz-plots leaves the observed data out of prior predictive plots unless asked
+        observed = "observed_markers" if discrete else "observed_dist"
+        args["group"] = "prior_predictive"
+        args["visuals"] = {observed: {}, **kwargs.pop("visuals", {})}
+    with _arviz1_internal_warnings():
+        pc = func(obj, **args, **kwargs)
+    fig = pc.get_viz("figure")
+    if ax is None:
+        return fig
+    fig.canvas.draw()
+    ax.imshow(np.asarray(fig.canvas.buffer_rgba()))
+    ax.set_axis_off()
+    plt.close(fig)
+    return ax.figure
+
+
 def plot_compare(table: pd.DataFrame, ax: Any = None) -> Any:
     """ArviZ's model-comparison plot for a table with ``elpd_loo, se, p_loo, elpd_diff, dse``.
 

@@ -20,6 +20,11 @@ group                          variables (dims after ``chain, draw``)
 ``predictions_constant_data``  ``x`` = ``x_test``
 ``predictions_observed_data``  ``obs`` = ``y_test``
 ``predictions_log_likelihood`` ``obs``: log p(y_test_j | theta_s), for held-out scores
+``prior``                      (``prior=True``) draws of the recorded sites from the model's
+                               prior, dims as ``posterior``
+``prior_predictive``           (``prior=True``) as ``posterior_predictive``, each draw from
+                               a prior draw: ``obs_mean`` / ``obs_probs`` are prior function
+                               draws at ``x``
 =============================  =============================================================
 
 The last two groups are this package's extension of the ArviZ schema (held-out targets and
@@ -45,11 +50,18 @@ from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
 from . import _arviz_compat as compat
-from .groups import build_groups, guide_info
+from .groups import build_groups, build_prior_groups, guide_info
 from .samples import samples_inference_data
-from .sampling import draw_posterior
+from .sampling import draw_posterior, draw_prior
 
-__all__ = ["from_netcdf", "guide_info", "laplace_guide", "to_inference_data", "to_netcdf"]
+__all__ = [
+    "add_prior",
+    "from_netcdf",
+    "guide_info",
+    "laplace_guide",
+    "to_inference_data",
+    "to_netcdf",
+]
 
 # guide_info is defined with build_groups (diagnostics.groups, which the MCMC and ensemble
 # exports share) and is part of this module's API: its examples run with this module's doctests.
@@ -71,6 +83,7 @@ def to_inference_data(
     dims: Mapping[str, Sequence[str]] | None = None,
     coords: Mapping[str, Any] | None = None,
     seed: int | None = None,
+    prior: bool = False,
 ) -> Any:
     """Draw ``num_samples`` weight draws from ``guide`` and export them to ArviZ.
 
@@ -93,8 +106,8 @@ def to_inference_data(
             ``AutoLaplaceApproximation`` is replaced by its Gaussian (:func:`laplace_guide`,
             family still recorded as ``AutoLaplaceApproximation``). Also a
             ``pyro.infer.MCMC`` object after ``run`` or a dict of posterior draws: then every
-            draw is exported, chains kept, ``num_samples`` ignored
-            (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
+            draw is exported, chains kept, ``num_samples`` only sets the number of prior
+            draws (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
         x: training inputs (torch tensor or numpy array; rows = observations).
         y: training targets, one row per row of ``x``.
         num_samples: number of guide draws ``S`` (>= 1; PSIS wants a few hundred).
@@ -110,6 +123,11 @@ def to_inference_data(
         dims: ``{site: [dim names]}`` overriding the default posterior dims.
         coords: ``{dim: values}`` coordinates for posterior dims (default ``0..n-1``).
         seed: if given, ``pyro.set_rng_seed(seed)`` first.
+        prior: also draw ``num_samples`` times from the model's prior and add the ``prior``
+            and ``prior_predictive`` groups (:func:`add_prior`): the prior predictive check
+            of ArviZ (``az.plot_ppc(idata, group="prior")`` on 0.23,
+            ``plot_ppc_dist(dt, group="prior_predictive")`` on 1.x) and
+            :func:`~pyro_dropout.diagnostics.plot_prior_functions` read them.
 
     Raises:
         ValueError: ``num_samples < 1``, row-count mismatch between ``x`` and ``y`` (or the test
@@ -121,9 +139,12 @@ def to_inference_data(
         >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
     """
     if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
-        return _samples_export(
+        data = _samples_export(
             model, guide, x, y, x_test, y_test, var_names, dims, coords, obs_name, parallel, seed
         )
+        if prior:
+            add_prior(data, model, x, y, num_samples, obs_name=obs_name, parallel=parallel)
+        return data
     if seed is not None:
         pyro.set_rng_seed(seed)
     family, config = guide_info(guide)
@@ -159,7 +180,62 @@ def to_inference_data(
         "arviz_version": compat.ARVIZ_VERSION,
     }
     groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
-    return compat.build(groups, attrs)
+    data = compat.build(groups, attrs)
+    if prior:
+        add_prior(
+            data,
+            model,
+            x,
+            y,
+            num_samples,
+            obs_name=obs_name,
+            parallel=parallel,
+            var_names=var_names,
+            dims=dims,
+            coords=coords,
+        )
+    return data
+
+
+def add_prior(
+    data: Any,
+    model: Any,
+    x: Any,
+    y: Any,
+    num_samples: int = 500,
+    *,
+    obs_name: str | None = None,
+    parallel: bool | str = "auto",
+    var_names: Sequence[str] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+) -> Any:
+    """Add the ``prior`` and ``prior_predictive`` groups of ``model`` on ``x`` to ``data``.
+
+    Each of the ``num_samples`` draws runs the model as written without the guide (its
+    observed sites hidden: :func:`~pyro_dropout.diagnostics.sampling.prior_guide`), so every
+    latent site is drawn from the prior the model gives it (this library's weight priors, any
+    ``pyro.sample`` site of the user's), and the model replayed on the draw gives the prior
+    predictive on ``x``: ``obs`` a simulated data set, ``obs_mean`` (regression) or
+    ``obs_probs`` (classification) the function the prior draw computes. Works on any export
+    (a guide's, MCMC draws, an ensemble) and on both ArviZ lines; returns ``data``, changed in
+    place.
+
+    Raises:
+        ValueError: a latent site has an improper prior (nothing to draw from).
+
+    Example:
+        >>> add_prior(idata, model, x, y, num_samples=200)  # doctest: +SKIP
+        >>> import arviz as az; az.plot_ppc(idata, group="prior")  # 0.23  # doctest: +SKIP
+    """
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = draw_prior(
+        model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
+    )
+    groups = build_prior_groups(draws, draws.obs_name, dims, coords)
+    return compat.add_groups(data, groups)
 
 
 def laplace_guide(model: Any, guide: Any, x: Any, y: Any) -> Any:
