@@ -59,12 +59,22 @@ from .reference import (
 )
 from .reliability import CompareTable, format_table
 from .samples import ensemble_inference_data, samples_inference_data
+from .sbc import (
+    ConjugateLinearRegression,
+    ExactPosteriorGuide,
+    SBCResult,
+    plot_sbc_ranks,
+    simulation_based_calibration,
+)
 from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
 
 __all__ = [
     "ARVIZ_VERSION",
     "CompareTable",
+    "ConjugateLinearRegression",
+    "ExactPosteriorGuide",
     "RHAT_THRESHOLD",
+    "SBCResult",
     "ReferenceConvergenceWarning",
     "IS_ARVIZ_1",
     "LooResult",
@@ -97,6 +107,7 @@ __all__ = [
     "plot_khat",
     "plot_ppc_grid",
     "plot_predictive_bands",
+    "plot_sbc_ranks",
     "plot_prior_functions",
     "predictive_convergence",
     "prior_contraction",
@@ -107,6 +118,7 @@ __all__ = [
     "rmse",
     "samples_inference_data",
     "sd_ratio",
+    "simulation_based_calibration",
     "summary",
     "to_inference_data",
     "to_netcdf",
