@@ -397,6 +397,51 @@ PREDICTIVE_CHECKS = {
 }
 
 
+def _loo_pit_arrays(obj: Any, var_name: str) -> dict[str, np.ndarray]:
+    """``y``, ``y_hat`` and ``log_weights`` for 0.23's ``plot_loo_pit`` when each observation
+    has several elements (a network's output dimension, even of size 1): 0.23 wants one value
+    per observation, so the elements are flattened and each gets its row's PSIS weights."""
+    ll = get_group(obj, "log_likelihood")[var_name]
+    ll = ll.stack(__sample__=("chain", "draw")).transpose("__sample__", ...).values
+    rep = get_group(obj, "posterior_predictive")[var_name]
+    rep = rep.stack(__sample__=("chain", "draw")).transpose("__sample__", ...).values
+    s, n = ll.shape
+    lw, _ = psis_log_weights(ll.reshape(s, -1))
+    per_row = rep[0].size // n
+    y = get_group(obj, "observed_data")[var_name].values.reshape(-1)
+    return {
+        "y": y,
+        "y_hat": rep.reshape(s, -1).T,
+        "log_weights": np.repeat(lw, per_row, axis=1).T,
+    }
+
+
+def _flat_obs_tree(obj: Any, var_name: str) -> Any:
+    """For arviz-stats 1.x, whose ``loo_pit`` and ``ppc_pit`` want one value per observation:
+    a DataTree whose ``var_name`` has one dimension of observation elements (rows times
+    outputs) in the predictive and observed groups, each element carrying its row's
+    log-likelihood (so its row's PSIS weights); the posterior is kept (ArviZ reads the draw
+    dimensions from it)."""
+    elem = f"{var_name}_elem"
+
+    def flat(group: str) -> xr.Dataset:
+        da = get_group(obj, group)[var_name].transpose("chain", "draw", ...)
+        c, d = da.shape[:2]
+        return xr.Dataset({var_name: (("chain", "draw", elem), da.values.reshape(c, d, -1))})
+
+    groups = {g: flat(g) for g in ("posterior_predictive", "prior_predictive") if has_group(obj, g)}
+    per_row = int(np.prod(get_group(obj, "observed_data")[var_name].shape[1:]))
+    ll = get_group(obj, "log_likelihood")[var_name].transpose("chain", "draw", ...)
+    c, d = ll.shape[:2]
+    ll_rep = np.repeat(ll.values.reshape(c, d, -1), per_row, axis=2)
+    groups["log_likelihood"] = xr.Dataset({var_name: (("chain", "draw", elem), ll_rep)})
+    y = get_group(obj, "observed_data")[var_name].values.reshape(-1)
+    groups["observed_data"] = xr.Dataset({var_name: ((elem,), y)})
+    if has_group(obj, "posterior"):
+        groups["posterior"] = get_group(obj, "posterior")
+    return build(groups, root_attrs(obj))
+
+
 @contextlib.contextmanager
 def _arviz1_internal_warnings():
     """Silence a warning that arviz-stats 1.x raises on its own intermediate arrays:
@@ -428,7 +473,11 @@ def plot_predictive_check(
       ``arviz_plots.plot_ppc_dist`` (continuous) or ``plot_ppc_rootogram`` (``discrete``),
       ``group="prior_predictive"`` with ``prior`` (the observed data drawn too).
     * ``"loo_pit"``: LOO-PIT, ``az.plot_loo_pit`` on both lines (0.23: KDE of the LOO-PIT
-      values; 1.x: their Delta-ECDF with a simultaneous envelope).
+      values; 1.x: their Delta-ECDF with a simultaneous envelope). 0.23 accepts one value per
+      observation only: with an output dimension (this library's networks store ``(obs_id,
+      obs_dim_0)``), the values are flattened and passed as arrays with the PSIS weights. On
+      1.x every check (``plot_loo_pit`` and ``plot_ppc_pit`` fail on such arrays) gets the
+      data with one dimension of observation elements, each with its row's log-likelihood.
     * ``"bpv"``: Bayesian p-values of the marginal predictive distributions. 0.23:
       ``az.plot_bpv`` (``kind="u_value"``); 1.x: ``arviz_plots.plot_ppc_pit`` (the same PIT
       values, as a Delta-ECDF).
@@ -448,6 +497,8 @@ def plot_predictive_check(
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))
         args = {"y": var_name} if kind == "loo_pit" else {"var_names": [var_name]}
+        if kind == "loo_pit" and get_group(obj, "posterior_predictive")[var_name].ndim > 3:
+            obj, args = None, _loo_pit_arrays(obj, var_name)
         if kind == "ppc":
             args["group"] = "prior" if prior else "posterior"
         with _arviz023_internal_deprecations():
@@ -455,11 +506,17 @@ def plot_predictive_check(
         return ax.figure
     func = getattr(az, f1_disc if discrete else f1_cont)
     args = {"var_names": [var_name], "backend": "matplotlib"}
+    if kind == "ppc" and not discrete and "num_samples" not in kwargs:
+        # plot_ppc_dist draws 50 predictive draws by default and warns when there are fewer
+        group = get_group(obj, "prior_predictive" if prior else "posterior_predictive")
+        args["num_samples"] = min(50, group.sizes["chain"] * group.sizes["draw"])
     if prior:
         # arviz-plots leaves the observed data out of prior predictive plots unless asked
         observed = "observed_markers" if discrete else "observed_dist"
         args["group"] = "prior_predictive"
         args["visuals"] = {observed: {}, **kwargs.pop("visuals", {})}
+    if get_group(obj, "observed_data")[var_name].ndim > 1 and has_group(obj, "log_likelihood"):
+        obj = _flat_obs_tree(obj, var_name)
     with _arviz1_internal_warnings():
         pc = func(obj, **args, **kwargs)
     fig = pc.get_viz("figure")

@@ -104,7 +104,9 @@ def to_inference_data(
             subsampled plate is visited in full: every row gets its log-likelihood).
         guide: any Pyro guide callable as ``guide(x, y)``; a fitted
             ``AutoLaplaceApproximation`` is replaced by its Gaussian (:func:`laplace_guide`,
-            family still recorded as ``AutoLaplaceApproximation``). Also a
+            family still recorded as ``AutoLaplaceApproximation``). ``None`` with
+            ``prior=True``: the prior check before any fit, an export with the groups
+            ``prior``, ``prior_predictive``, ``observed_data`` and ``constant_data`` only. Also a
             ``pyro.infer.MCMC`` object after ``run`` or a dict of posterior draws: then every
             draw is exported, chains kept, ``num_samples`` only sets the number of prior
             draws (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
@@ -138,6 +140,12 @@ def to_inference_data(
         ...                           x_test=x_te, y_test=y_te)  # doctest: +SKIP
         >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
     """
+    if guide is None:
+        if not prior:
+            raise ValueError("guide=None exports the prior only: pass prior=True")
+        return _prior_export(
+            model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed
+        )
     if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
         data = _samples_export(
             model, guide, x, y, x_test, y_test, var_names, dims, coords, obs_name, parallel, seed
@@ -195,6 +203,34 @@ def to_inference_data(
             coords=coords,
         )
     return data
+
+
+def _prior_export(model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed):
+    """The prior alone: prior, prior_predictive, observed_data and constant_data."""
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = draw_prior(
+        model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
+    )
+    obs = draws.obs_name
+    attrs = {
+        "guide_family": "prior",
+        "guide_config": "{}",
+        "model_name": getattr(model, "__name__", type(model).__name__),
+        "obs_name": obs,
+        "task": draws.task,
+        "num_samples": int(num_samples),
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
+        "inference_library": "pyro",
+        "inference_library_version": pyro.__version__,
+        "pyro_dropout_version": __version__,
+        "arviz_version": compat.ARVIZ_VERSION,
+    }
+    groups = build_groups(draws, x, y, None, None, obs, dims, coords, attrs)
+    keep = {k: groups[k] for k in ("observed_data", "constant_data")}
+    keep.update(build_prior_groups(draws, obs, dims, coords))
+    keep["prior"].attrs.update(attrs)
+    return compat.build(keep, attrs)
 
 
 def add_prior(

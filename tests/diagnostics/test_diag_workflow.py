@@ -105,6 +105,13 @@ def test_prior_of_a_library_network_and_prior_contraction():
     assert 0.5 < c <= 1.0  # 40 points narrow the function a lot
     no_prior = to_inference_data(model, guide, x, y, 50)
     assert np.isnan(prior_contraction(no_prior))
+    # the network stores its target as (obs_id, obs_dim_0): ArviZ 0.23's plot_loo_pit wants
+    # one value per observation, which plot_ppc_grid arranges
+    assert compat.get_group(data, "observed_data")["obs"].dims == ("obs_id", "obs_dim_0")
+    fig = plot_ppc_grid({"mf": data})
+    assert any("loo_pit (KS" in ax.get_title() for ax in fig.axes)
+    u = loo_pit(data)
+    assert u.shape == (40,)
 
 
 def test_improper_prior_has_no_prior_predictive():
@@ -292,3 +299,26 @@ def test_compare_prior_with_an_ensemble(linreg):
         prior=True,
     )
     assert np.isfinite(table["fn_contraction"]).all()
+
+
+def test_prior_only_export_before_any_fit(tmp_path):
+    """guide=None, prior=True: the prior predictive check before fitting, on a network whose
+    N(0, 1) prior implies functions far larger than the data, and a fan-in-scaled one."""
+    torch.manual_seed(0)
+    x = torch.linspace(-2, 2, 40, dtype=torch.float64)[:, None]
+    y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(40, dtype=torch.float64)
+    wide = pdo.BayesianMLP(1, 1, hidden=(50,), activation="tanh", tau=25.0).double()
+    data = to_inference_data(wide, None, x, y, 200, prior=True, seed=0)
+    assert set(compat.group_names(data)) == {
+        "prior",
+        "prior_predictive",
+        "observed_data",
+        "constant_data",
+    }
+    f_sd = compat.get_group(data, "prior_predictive")["obs_mean"].values.std()
+    assert f_sd > 3 * float(y.std())  # the prior's functions dwarf the data
+    fig = plot_prior_functions(data, path=tmp_path / "prior.png")
+    assert_png(tmp_path / "prior.png")
+    assert "prior" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="prior=True"):
+        to_inference_data(wide, None, x, y, 10)
