@@ -503,6 +503,8 @@ def plot_predictive_check(
             args["group"] = "prior" if prior else "posterior"
         with _arviz023_internal_deprecations():
             getattr(az, f023)(obj, ax=ax, show=False, **args, **kwargs)
+        if obj is None:  # ArviZ labels the axis with the printed array of y
+            ax.set_xlabel(var_name)
         return ax.figure
     func = getattr(az, f1_disc if discrete else f1_cont)
     args = {"var_names": [var_name], "backend": "matplotlib"}
