@@ -370,19 +370,35 @@ def psis_log_weights(log_lik: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     khat = np.full(n, np.inf)
     idx = np.flatnonzero(np.ptp(ll, axis=0) > 0)
     if idx.size:
-        sub = ll[:, idx].T  # (points, draws)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
-            if IS_ARVIZ_1:
-                from arviz_stats.base import array_stats
-
-                w, k = array_stats.psislw(sub, r_eff=1.0, axis=-1)
-            else:
-                w, k = az.psislw(-sub, reff=1.0)
-        w = np.asarray(w, dtype=float)
+        try:
+            w, k = _psislw(ll[:, idx].T)  # (points, draws)
+        except ValueError:
+            # arviz-stats 1.x: "All tail values are the same" (a few distinct draws, e.g. an
+            # ensemble of point masses); smooth point by point, and a point with a flat tail
+            # gets its raw self-normalised weights and k-hat = inf (as loo does)
+            w, k = np.empty((idx.size, s)), np.full(idx.size, np.inf)
+            for j, i in enumerate(idx):
+                try:
+                    wj, kj = _psislw(ll[:, [i]].T)
+                    w[j], k[j] = wj[0], float(np.ravel(kj)[0])
+                except ValueError:
+                    w[j] = -ll[:, i]
         lw[:, idx] = (w - np.logaddexp.reduce(w, axis=-1, keepdims=True)).T
-        khat[idx] = np.asarray(k, dtype=float)
+        khat[idx] = k
     return lw, khat
+
+
+def _psislw(ll_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSIS of the LOO weights ``1 / p(y_i | theta_s)`` of ``ll_t`` (points, draws)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
+        if IS_ARVIZ_1:
+            from arviz_stats.base import array_stats
+
+            w, k = array_stats.psislw(ll_t, r_eff=1.0, axis=-1)
+        else:
+            w, k = az.psislw(-ll_t, reff=1.0)
+    return np.asarray(w, dtype=float).reshape(ll_t.shape), np.asarray(k, dtype=float).ravel()
 
 
 # --------------------------------------------------------------------------------------------
