@@ -36,7 +36,7 @@ from .nn import (
 
 # The ArviZ layer is imported on first use: ArviZ is a heavy import (and 0.23 prints a
 # FutureWarning), and fitting does not need it.
-_DIAGNOSTICS = ("to_inference_data", "compare")
+_DIAGNOSTICS = ("to_inference_data", "compare", "simulation_based_calibration")
 
 
 def __getattr__(name):
@@ -76,6 +76,7 @@ __all__ = [
     "local_reparameterization",
     "predict",
     "register_local_reparameterization",
+    "simulation_based_calibration",
     "to_inference_data",
     "weight_draws",
 ]

@@ -11,8 +11,16 @@ Example:
 """
 
 from ._arviz_compat import ARVIZ_VERSION, IS_ARVIZ_1, LooResult, summary
+from .calibration import ks_uniform, loo_pit, loo_pit_ks, prior_contraction
 from .compare import compare, held_out_scores, loo
-from .export import from_netcdf, guide_info, laplace_guide, to_inference_data, to_netcdf
+from .export import (
+    add_prior,
+    from_netcdf,
+    guide_info,
+    laplace_guide,
+    to_inference_data,
+    to_netcdf,
+)
 from .fidelity import (
     agreement,
     fidelity_scores,
@@ -35,7 +43,14 @@ from .metrics import (
     reliability_curve,
     rmse,
 )
-from .plots import plot_calibration, plot_compare, plot_khat, plot_predictive_bands
+from .plots import (
+    plot_calibration,
+    plot_compare,
+    plot_khat,
+    plot_ppc_grid,
+    plot_predictive_bands,
+    plot_prior_functions,
+)
 from .reference import (
     RHAT_THRESHOLD,
     ReferenceConvergenceWarning,
@@ -44,16 +59,27 @@ from .reference import (
 )
 from .reliability import CompareTable, format_table
 from .samples import ensemble_inference_data, samples_inference_data
+from .sbc import (
+    ConjugateLinearRegression,
+    ExactPosteriorGuide,
+    SBCResult,
+    plot_sbc_ranks,
+    simulation_based_calibration,
+)
 from .vi_diagnostic import interpret_vi_khat, vi_diagnostic, vi_khat
 
 __all__ = [
     "ARVIZ_VERSION",
     "CompareTable",
+    "ConjugateLinearRegression",
+    "ExactPosteriorGuide",
     "RHAT_THRESHOLD",
+    "SBCResult",
     "ReferenceConvergenceWarning",
     "IS_ARVIZ_1",
     "LooResult",
     "accuracy",
+    "add_prior",
     "agreement",
     "brier_score",
     "compare",
@@ -67,17 +93,24 @@ __all__ = [
     "held_out_scores",
     "interpret_vi_khat",
     "interval_coverage",
+    "ks_uniform",
     "laplace_guide",
     "log_mean_exp",
     "loo",
+    "loo_pit",
+    "loo_pit_ks",
     "lppd",
     "mean_lpd",
     "pit",
     "plot_calibration",
     "plot_compare",
     "plot_khat",
+    "plot_ppc_grid",
     "plot_predictive_bands",
+    "plot_sbc_ranks",
+    "plot_prior_functions",
     "predictive_convergence",
+    "prior_contraction",
     "reference_posterior",
     "reference_interval_coverage",
     "reference_noise_floor",
@@ -85,6 +118,7 @@ __all__ = [
     "rmse",
     "samples_inference_data",
     "sd_ratio",
+    "simulation_based_calibration",
     "summary",
     "to_inference_data",
     "to_netcdf",

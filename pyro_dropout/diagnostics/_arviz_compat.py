@@ -130,6 +130,19 @@ def update_root_attrs(obj: Any, attrs: Mapping[str, Any]) -> None:
         obj.attrs.update(dict(attrs))
 
 
+def add_groups(obj: Any, groups: Mapping[str, xr.Dataset]) -> Any:
+    """Add (or replace) groups of an ArviZ object, in place; returns ``obj``."""
+    if IS_ARVIZ_1:
+        for name, ds in groups.items():
+            obj[name] = xr.DataTree(dataset=ds)
+    else:
+        for name in groups:
+            if name in obj.groups():
+                delattr(obj, name)  # InferenceData.__delattr__ drops the group
+        obj.add_groups({name: ds for name, ds in groups.items()})
+    return obj
+
+
 def to_netcdf(obj: Any, path: Any) -> Any:
     """Write an ArviZ object to a netCDF4/HDF5 file with the ``h5netcdf`` engine."""
     if IS_ARVIZ_1:
@@ -342,9 +355,198 @@ def psis_khat(log_ratios: np.ndarray) -> float:
     return float(np.asarray(khat))
 
 
+def psis_log_weights(log_lik: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSIS-LOO log weights of ``log_lik`` (``(S, N)`` pointwise log-likelihoods, one chain).
+
+    The weights of draw ``s`` for leaving out point ``i`` are ``1 / p(y_i | theta_s)``,
+    Pareto-smoothed (``reff = 1``) and normalised over draws. Returns ``(log_weights (S, N),
+    pareto_k (N,))``; 0.23: ``az.psislw(-log_lik)``, 1.x: ``array_stats.psislw(log_lik)``
+    (which smooths ``exp(-ary)``). A point whose log-likelihood is the same for every draw
+    gets uniform weights and k-hat = inf.
+    """
+    ll = np.asarray(log_lik, dtype=float)
+    s, n = ll.shape
+    lw = np.full((s, n), -np.log(s))
+    khat = np.full(n, np.inf)
+    idx = np.flatnonzero(np.ptp(ll, axis=0) > 0)
+    if idx.size:
+        try:
+            w, k = _psislw(ll[:, idx].T)  # (points, draws)
+        except ValueError:
+            # arviz-stats 1.x: "All tail values are the same" (a few distinct draws, e.g. an
+            # ensemble of point masses); smooth point by point, and a point with a flat tail
+            # gets its raw self-normalised weights and k-hat = inf (as loo does)
+            w, k = np.empty((idx.size, s)), np.full(idx.size, np.inf)
+            for j, i in enumerate(idx):
+                try:
+                    wj, kj = _psislw(ll[:, [i]].T)
+                    w[j], k[j] = wj[0], float(np.ravel(kj)[0])
+                except ValueError:
+                    w[j] = -ll[:, i]
+        lw[:, idx] = (w - np.logaddexp.reduce(w, axis=-1, keepdims=True)).T
+        khat[idx] = k
+    return lw, khat
+
+
+def _psislw(ll_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSIS of the LOO weights ``1 / p(y_i | theta_s)`` of ``ll_t`` (points, draws)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PARETO_WARNING, category=UserWarning)
+        if IS_ARVIZ_1:
+            from arviz_stats.base import array_stats
+
+            w, k = array_stats.psislw(ll_t, r_eff=1.0, axis=-1)
+        else:
+            w, k = az.psislw(-ll_t, reff=1.0)
+    return np.asarray(w, dtype=float).reshape(ll_t.shape), np.asarray(k, dtype=float).ravel()
+
+
 # --------------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------------
+#: The predictive checks of :func:`plot_predictive_check`, and the function of each line.
+PREDICTIVE_CHECKS = {
+    # kind: (0.23 function, 1.x function for regression, 1.x function for classification)
+    "ppc": ("plot_ppc", "plot_ppc_dist", "plot_ppc_rootogram"),
+    "loo_pit": ("plot_loo_pit", "plot_loo_pit", "plot_loo_pit"),
+    "bpv": ("plot_bpv", "plot_ppc_pit", "plot_ppc_pit"),
+}
+
+
+def _loo_pit_arrays(obj: Any, var_name: str) -> dict[str, np.ndarray]:
+    """``y``, ``y_hat`` and ``log_weights`` for 0.23's ``plot_loo_pit`` when each observation
+    has several elements (a network's output dimension, even of size 1): 0.23 wants one value
+    per observation, so the elements are flattened and each gets its row's PSIS weights."""
+    ll = get_group(obj, "log_likelihood")[var_name]
+    ll = ll.stack(__sample__=("chain", "draw")).transpose("__sample__", ...).values
+    rep = get_group(obj, "posterior_predictive")[var_name]
+    rep = rep.stack(__sample__=("chain", "draw")).transpose("__sample__", ...).values
+    s, n = ll.shape
+    lw, _ = psis_log_weights(ll.reshape(s, -1))
+    per_row = rep[0].size // n
+    y = get_group(obj, "observed_data")[var_name].values.reshape(-1)
+    return {
+        "y": y,
+        "y_hat": rep.reshape(s, -1).T,
+        "log_weights": np.repeat(lw, per_row, axis=1).T,
+    }
+
+
+def _flat_obs_tree(obj: Any, var_name: str) -> Any:
+    """For arviz-stats 1.x, whose ``loo_pit`` and ``ppc_pit`` want one value per observation:
+    a DataTree whose ``var_name`` has one dimension of observation elements (rows times
+    outputs) in the predictive and observed groups, each element carrying its row's
+    log-likelihood (so its row's PSIS weights); the posterior is kept (ArviZ reads the draw
+    dimensions from it)."""
+    elem = f"{var_name}_elem"
+
+    def flat(group: str) -> xr.Dataset:
+        da = get_group(obj, group)[var_name].transpose("chain", "draw", ...)
+        c, d = da.shape[:2]
+        return xr.Dataset({var_name: (("chain", "draw", elem), da.values.reshape(c, d, -1))})
+
+    groups = {g: flat(g) for g in ("posterior_predictive", "prior_predictive") if has_group(obj, g)}
+    per_row = int(np.prod(get_group(obj, "observed_data")[var_name].shape[1:]))
+    ll = get_group(obj, "log_likelihood")[var_name].transpose("chain", "draw", ...)
+    c, d = ll.shape[:2]
+    ll_rep = np.repeat(ll.values.reshape(c, d, -1), per_row, axis=2)
+    groups["log_likelihood"] = xr.Dataset({var_name: (("chain", "draw", elem), ll_rep)})
+    y = get_group(obj, "observed_data")[var_name].values.reshape(-1)
+    groups["observed_data"] = xr.Dataset({var_name: ((elem,), y)})
+    if has_group(obj, "posterior"):
+        groups["posterior"] = get_group(obj, "posterior")
+    return build(groups, root_attrs(obj))
+
+
+@contextlib.contextmanager
+def _arviz1_internal_warnings():
+    """Silence a warning that arviz-stats 1.x raises on its own intermediate arrays:
+    ``plot_ppc_rootogram`` builds a (class, ...) array that ``dict_to_dataset`` mistakes for
+    (chain, draw) and warns that the chain dimension is longer than the draw dimension."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Found chain dimension to be longer", category=UserWarning
+        )
+        yield
+
+
+def plot_predictive_check(
+    obj: Any,
+    kind: str,
+    var_name: str,
+    *,
+    prior: bool = False,
+    discrete: bool = False,
+    ax: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """One of ArviZ's predictive checks of variable ``var_name``; returns the Figure.
+
+    ``kind``:
+
+    * ``"ppc"``: predictive draws against the observed data. 0.23: ``az.plot_ppc`` (with
+      ``prior``: ``group="prior"``, the ``prior_predictive`` group); 1.x:
+      ``arviz_plots.plot_ppc_dist`` (continuous) or ``plot_ppc_rootogram`` (``discrete``),
+      ``group="prior_predictive"`` with ``prior`` (the observed data drawn too).
+    * ``"loo_pit"``: LOO-PIT, ``az.plot_loo_pit`` on both lines (0.23: KDE of the LOO-PIT
+      values; 1.x: their Delta-ECDF with a simultaneous envelope). 0.23 accepts one value per
+      observation only: with an output dimension (this library's networks store ``(obs_id,
+      obs_dim_0)``), the values are flattened and passed as arrays with the PSIS weights. On
+      1.x every check (``plot_loo_pit`` and ``plot_ppc_pit`` fail on such arrays) gets the
+      data with one dimension of observation elements, each with its row's log-likelihood.
+    * ``"bpv"``: Bayesian p-values of the marginal predictive distributions. 0.23:
+      ``az.plot_bpv`` (``kind="u_value"``); 1.x: ``arviz_plots.plot_ppc_pit`` (the same PIT
+      values, as a Delta-ECDF).
+
+    0.23 draws into ``ax`` (a new one if None). arviz-plots 1.x builds its own figure; with
+    ``ax`` given, that figure is rendered and shown in ``ax`` as an image (so that several fits
+    share one figure). ``kwargs`` go to the ArviZ function.
+    """
+    import matplotlib.pyplot as plt
+
+    if kind not in PREDICTIVE_CHECKS:
+        raise ValueError(f"kind must be one of {sorted(PREDICTIVE_CHECKS)}; got {kind!r}")
+    if prior and kind != "ppc":
+        raise ValueError(f"kind={kind!r} checks the posterior; only 'ppc' has a prior version")
+    f023, f1_cont, f1_disc = PREDICTIVE_CHECKS[kind]
+    if not IS_ARVIZ_1:
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        args = {"y": var_name} if kind == "loo_pit" else {"var_names": [var_name]}
+        if kind == "loo_pit" and get_group(obj, "posterior_predictive")[var_name].ndim > 3:
+            obj, args = None, _loo_pit_arrays(obj, var_name)
+        if kind == "ppc":
+            args["group"] = "prior" if prior else "posterior"
+        with _arviz023_internal_deprecations():
+            getattr(az, f023)(obj, ax=ax, show=False, **args, **kwargs)
+        if obj is None:  # ArviZ labels the axis with the printed array of y
+            ax.set_xlabel(var_name)
+        return ax.figure
+    func = getattr(az, f1_disc if discrete else f1_cont)
+    args = {"var_names": [var_name], "backend": "matplotlib"}
+    if kind == "ppc" and not discrete and "num_samples" not in kwargs:
+        # plot_ppc_dist draws 50 predictive draws by default and warns when there are fewer
+        group = get_group(obj, "prior_predictive" if prior else "posterior_predictive")
+        args["num_samples"] = min(50, group.sizes["chain"] * group.sizes["draw"])
+    if prior:
+        # arviz-plots leaves the observed data out of prior predictive plots unless asked
+        observed = "observed_markers" if discrete else "observed_dist"
+        args["group"] = "prior_predictive"
+        args["visuals"] = {observed: {}, **kwargs.pop("visuals", {})}
+    if get_group(obj, "observed_data")[var_name].ndim > 1 and has_group(obj, "log_likelihood"):
+        obj = _flat_obs_tree(obj, var_name)
+    with _arviz1_internal_warnings():
+        pc = func(obj, **args, **kwargs)
+    fig = pc.get_viz("figure")
+    if ax is None:
+        return fig
+    fig.canvas.draw()
+    ax.imshow(np.asarray(fig.canvas.buffer_rgba()))
+    ax.set_axis_off()
+    plt.close(fig)
+    return ax.figure
+
+
 def plot_compare(table: pd.DataFrame, ax: Any = None) -> Any:
     """ArviZ's model-comparison plot for a table with ``elpd_loo, se, p_loo, elpd_diff, dse``.
 

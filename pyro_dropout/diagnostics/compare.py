@@ -12,7 +12,8 @@ import pandas as pd
 from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
-from .export import to_inference_data
+from .calibration import loo_pit_ks, prior_contraction
+from .export import add_prior, to_inference_data
 from .fidelity import fidelity_scores, reference_noise_floor
 from .reliability import CompareTable, as_compare_table, loo_flags, n_params, vi_flags
 from .samples import ensemble_inference_data
@@ -116,6 +117,12 @@ def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
             f"{kinds}; pass one kind (export the pairs with to_inference_data first)"
         )
     if next(iter(kinds.values())) == "arviz":
+        if kwargs.get("prior"):
+            raise ValueError(
+                "prior=True draws the prior of (model, guide) pairs; these fits are already "
+                "exported: export them with to_inference_data(..., prior=True) (their prior "
+                "groups are then used)"
+            )
         return dict(fits)
     if kwargs["x"] is None or kwargs["y"] is None:
         raise ValueError("(model, guide) pairs need the training data: pass x= and y=")
@@ -124,7 +131,19 @@ def _as_fits(fits: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
 
 def _export(fit: Any, **kwargs: Any) -> Any:
     if isinstance(fit, list):
-        return ensemble_inference_data(fit, **kwargs)
+        prior = kwargs.pop("prior", False)
+        data = ensemble_inference_data(fit, **kwargs)
+        if prior:
+            add_prior(
+                data,
+                fit[0][0],
+                kwargs["x"],
+                kwargs["y"],
+                kwargs["num_samples"],
+                obs_name=kwargs["obs_name"],
+                parallel=kwargs["parallel"],
+            )
+        return data
     return to_inference_data(*fit, **kwargs)
 
 
@@ -176,6 +195,7 @@ def compare(
     reference: Any = None,
     reference_intervals: Sequence[float] = (0.5, 0.9),
     on_error: str = "row",
+    prior: bool = False,
 ) -> CompareTable:
     """Compare variational fits in one table, one row per fit.
 
@@ -200,6 +220,16 @@ def compare(
     * ``vi_khat, vi_diagnosis``: Pareto k-hat of ``log p(theta, D) - log q(theta)`` over the
       guide draws (Yao et al. 2018, "Yes, but did it work?"): < 0.5 good, < 0.7 usable,
       >= 0.7 unreliable; ``inf`` for a point-mass guide.
+    * ``loo_pit_ks``: calibration of the leave-one-out predictive on the training data, the
+      Kolmogorov-Smirnov distance of the LOO-PIT values from uniform
+      (:func:`~pyro_dropout.diagnostics.calibration.loo_pit_ks`; randomised PIT for discrete
+      targets): 0 when calibrated; with ``N`` points, above about ``1.36 / sqrt(N)`` the
+      predictive is clearly too narrow, too wide or biased (``az.plot_loo_pit`` shows which).
+      The PSIS weights are as reliable as ``loo_max_k`` says.
+    * ``fn_contraction`` (exports with the prior groups: ``prior=True``): how much the data
+      narrowed the prior in function space,
+      :func:`~pyro_dropout.diagnostics.calibration.prior_contraction` (1: the data decided
+      the function; 0: the fit is the prior; < 0: wider than the prior).
     * with test targets: ``test_lpd`` (mean log predictive density per test point), and
       ``test_rmse, test_cov50, test_cov90, test_cov95`` (regression) or
       ``test_accuracy, test_ece, test_brier`` (classification); see :func:`held_out_scores`.
@@ -246,6 +276,9 @@ def compare(
         reference_intervals: central intervals of the reference for ``ref_cov*``.
         on_error: ``"row"`` (a failing fit gets a row with the reason, and a warning) or
             ``"raise"``.
+        prior: with ``(model, guide)`` pairs, also export the model's prior and prior
+            predictive (``to_inference_data(..., prior=True)``), which gives the
+            ``fn_contraction`` column.
 
     Raises:
         ValueError: empty or mixed ``fits``, pairs without ``x``/``y``, unknown ``sort_by``
@@ -274,6 +307,7 @@ def compare(
         num_samples=num_samples,
         obs_name=obs_name,
         parallel=parallel,
+        prior=prior,
     )
     ref_cols, ref_note, ref_unconverged = ({}, None, False)
     if reference is not None:
@@ -292,6 +326,12 @@ def compare(
                 "vi_khat": vi["khat"],
                 "vi_diagnosis": vi["diagnosis"],
                 **held_out_scores(d, intervals, n_bins),
+                "loo_pit_ks": loo_pit_ks(d),
+                **(
+                    {"fn_contraction": prior_contraction(d)}
+                    if compat.has_group(d, "prior_predictive")
+                    else {}
+                ),
                 **(
                     fidelity_scores(d, reference, reference_intervals)
                     if reference is not None
@@ -335,6 +375,7 @@ def compare(
         table["rank"] = table["rank"].astype("Int64")
         table["error"] = table["error"].fillna("")
     test_cols = ["test_lpd", "test_rmse", *map(_coverage_column, intervals)]
+    test_cols += ["loo_pit_ks", "fn_contraction"]
     test_cols += ["test_accuracy", "test_ece", "test_brier"]
     ref_scores = [
         "ref_w1",

@@ -20,6 +20,11 @@ group                          variables (dims after ``chain, draw``)
 ``predictions_constant_data``  ``x`` = ``x_test``
 ``predictions_observed_data``  ``obs`` = ``y_test``
 ``predictions_log_likelihood`` ``obs``: log p(y_test_j | theta_s), for held-out scores
+``prior``                      (``prior=True``) draws of the recorded sites from the model's
+                               prior, dims as ``posterior``
+``prior_predictive``           (``prior=True``) as ``posterior_predictive``, each draw from
+                               a prior draw: ``obs_mean`` / ``obs_probs`` are prior function
+                               draws at ``x``
 =============================  =============================================================
 
 The last two groups are this package's extension of the ArviZ schema (held-out targets and
@@ -45,11 +50,18 @@ from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
 from . import _arviz_compat as compat
-from .groups import build_groups, guide_info
+from .groups import build_groups, build_prior_groups, guide_info
 from .samples import samples_inference_data
-from .sampling import draw_posterior
+from .sampling import draw_posterior, draw_prior
 
-__all__ = ["from_netcdf", "guide_info", "laplace_guide", "to_inference_data", "to_netcdf"]
+__all__ = [
+    "add_prior",
+    "from_netcdf",
+    "guide_info",
+    "laplace_guide",
+    "to_inference_data",
+    "to_netcdf",
+]
 
 # guide_info is defined with build_groups (diagnostics.groups, which the MCMC and ensemble
 # exports share) and is part of this module's API: its examples run with this module's doctests.
@@ -71,6 +83,7 @@ def to_inference_data(
     dims: Mapping[str, Sequence[str]] | None = None,
     coords: Mapping[str, Any] | None = None,
     seed: int | None = None,
+    prior: bool = False,
 ) -> Any:
     """Draw ``num_samples`` weight draws from ``guide`` and export them to ArviZ.
 
@@ -91,10 +104,12 @@ def to_inference_data(
             subsampled plate is visited in full: every row gets its log-likelihood).
         guide: any Pyro guide callable as ``guide(x, y)``; a fitted
             ``AutoLaplaceApproximation`` is replaced by its Gaussian (:func:`laplace_guide`,
-            family still recorded as ``AutoLaplaceApproximation``). Also a
+            family still recorded as ``AutoLaplaceApproximation``). ``None`` with
+            ``prior=True``: the prior check before any fit, an export with the groups
+            ``prior``, ``prior_predictive``, ``observed_data`` and ``constant_data`` only. Also a
             ``pyro.infer.MCMC`` object after ``run`` or a dict of posterior draws: then every
-            draw is exported, chains kept, ``num_samples`` ignored
-            (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
+            draw is exported, chains kept, ``num_samples`` only sets the number of prior
+            draws (:func:`~pyro_dropout.diagnostics.samples_inference_data`).
         x: training inputs (torch tensor or numpy array; rows = observations).
         y: training targets, one row per row of ``x``.
         num_samples: number of guide draws ``S`` (>= 1; PSIS wants a few hundred).
@@ -110,6 +125,11 @@ def to_inference_data(
         dims: ``{site: [dim names]}`` overriding the default posterior dims.
         coords: ``{dim: values}`` coordinates for posterior dims (default ``0..n-1``).
         seed: if given, ``pyro.set_rng_seed(seed)`` first.
+        prior: also draw ``num_samples`` times from the model's prior and add the ``prior``
+            and ``prior_predictive`` groups (:func:`add_prior`): the prior predictive check
+            of ArviZ (``az.plot_ppc(idata, group="prior")`` on 0.23,
+            ``plot_ppc_dist(dt, group="prior_predictive")`` on 1.x) and
+            :func:`~pyro_dropout.diagnostics.plot_prior_functions` read them.
 
     Raises:
         ValueError: ``num_samples < 1``, row-count mismatch between ``x`` and ``y`` (or the test
@@ -120,10 +140,19 @@ def to_inference_data(
         ...                           x_test=x_te, y_test=y_te)  # doctest: +SKIP
         >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
     """
+    if guide is None:
+        if not prior:
+            raise ValueError("guide=None exports the prior only: pass prior=True")
+        return _prior_export(
+            model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed
+        )
     if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
-        return _samples_export(
+        data = _samples_export(
             model, guide, x, y, x_test, y_test, var_names, dims, coords, obs_name, parallel, seed
         )
+        if prior:
+            add_prior(data, model, x, y, num_samples, obs_name=obs_name, parallel=parallel)
+        return data
     if seed is not None:
         pyro.set_rng_seed(seed)
     family, config = guide_info(guide)
@@ -159,7 +188,90 @@ def to_inference_data(
         "arviz_version": compat.ARVIZ_VERSION,
     }
     groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
-    return compat.build(groups, attrs)
+    data = compat.build(groups, attrs)
+    if prior:
+        add_prior(
+            data,
+            model,
+            x,
+            y,
+            num_samples,
+            obs_name=obs_name,
+            parallel=parallel,
+            var_names=var_names,
+            dims=dims,
+            coords=coords,
+        )
+    return data
+
+
+def _prior_export(model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed):
+    """The prior alone: prior, prior_predictive, observed_data and constant_data."""
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = draw_prior(
+        model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
+    )
+    obs = draws.obs_name
+    attrs = {
+        "guide_family": "prior",
+        "guide_config": "{}",
+        "model_name": getattr(model, "__name__", type(model).__name__),
+        "obs_name": obs,
+        "task": draws.task,
+        "num_samples": int(num_samples),
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
+        "inference_library": "pyro",
+        "inference_library_version": pyro.__version__,
+        "pyro_dropout_version": __version__,
+        "arviz_version": compat.ARVIZ_VERSION,
+    }
+    groups = build_groups(draws, x, y, None, None, obs, dims, coords, attrs)
+    keep = {k: groups[k] for k in ("observed_data", "constant_data")}
+    keep.update(build_prior_groups(draws, obs, dims, coords))
+    keep["prior"].attrs.update(attrs)
+    return compat.build(keep, attrs)
+
+
+def add_prior(
+    data: Any,
+    model: Any,
+    x: Any,
+    y: Any,
+    num_samples: int = 500,
+    *,
+    obs_name: str | None = None,
+    parallel: bool | str = "auto",
+    var_names: Sequence[str] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+) -> Any:
+    """Add the ``prior`` and ``prior_predictive`` groups of ``model`` on ``x`` to ``data``.
+
+    Each of the ``num_samples`` draws runs the model as written without the guide (its
+    observed sites hidden: :func:`~pyro_dropout.diagnostics.sampling.prior_guide`), so every
+    latent site is drawn from the prior the model gives it (this library's weight priors, any
+    ``pyro.sample`` site of the user's), and the model replayed on the draw gives the prior
+    predictive on ``x``: ``obs`` a simulated data set, ``obs_mean`` (regression) or
+    ``obs_probs`` (classification) the function the prior draw computes. Works on any export
+    (a guide's, MCMC draws, an ensemble) and on both ArviZ lines; returns ``data``, changed in
+    place.
+
+    Raises:
+        ValueError: a latent site has an improper prior (nothing to draw from).
+
+    Example:
+        >>> add_prior(idata, model, x, y, num_samples=200)  # doctest: +SKIP
+        >>> import arviz as az; az.plot_ppc(idata, group="prior")  # 0.23  # doctest: +SKIP
+    """
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    draws = draw_prior(
+        model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
+    )
+    groups = build_prior_groups(draws, draws.obs_name, dims, coords)
+    return compat.add_groups(data, groups)
 
 
 def laplace_guide(model: Any, guide: Any, x: Any, y: Any) -> Any:

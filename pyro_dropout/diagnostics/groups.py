@@ -19,7 +19,7 @@ import xarray as xr
 
 from .sampling import Draws, PredictiveDraws
 
-__all__ = ["build_groups", "guide_info"]
+__all__ = ["build_groups", "build_prior_groups", "guide_info"]
 
 
 def guide_info(guide: Any) -> tuple[str, dict]:
@@ -156,3 +156,23 @@ def build_groups(
                 {obs_name: ([row], draws.test.log_lik)}, {}, s
             )
     return groups
+
+
+def build_prior_groups(
+    draws: Draws,
+    obs_name: str = "obs",
+    dims: Mapping[str, Sequence[str]] | None = None,
+    coords: Mapping[str, Any] | None = None,
+) -> dict[str, xr.Dataset]:
+    """The ``prior`` and ``prior_predictive`` groups from prior :class:`Draws`
+    (:func:`~pyro_dropout.diagnostics.sampling.draw_prior`), in the layout of ``posterior``
+    and ``posterior_predictive``: the same variables, dims and coordinates."""
+    dims, coords = dict(dims or {}), dict(coords or {})
+    s = draws.log_joint.shape[0]
+    event = draws.train.y_rep.shape[2:]
+    obs_dims = [f"{obs_name}_dim_{k}" for k in range(len(event))]
+    prior = {v: (_site_dims(v, a.shape[1:], dims), a) for v, a in draws.latents.items()}
+    return {
+        "prior": _dataset(prior, coords, s),
+        "prior_predictive": _dataset(_predictive_vars(draws.train, obs_name, obs_dims), {}, s),
+    }

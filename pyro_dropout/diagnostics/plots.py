@@ -9,6 +9,12 @@
 * :func:`plot_compare`: ArviZ's model-comparison plot of the :func:`compare` table.
 * :func:`plot_khat`: pointwise PSIS-LOO k-hat per fit (ArviZ's ``plot_khat`` on 0.23, a
   matplotlib equivalent on 1.x), with the VI k-hat of each fit in its title.
+* :func:`plot_prior_functions`: the prior predictive check of an export with the prior groups
+  (``to_inference_data(..., prior=True)``): function draws and predictive bands over a 1-D
+  input, ArviZ's prior predictive plot otherwise.
+* :func:`plot_ppc_grid`: ArviZ's own posterior predictive checks (``plot_ppc``,
+  ``plot_loo_pit``, ``plot_bpv`` on 0.23; ``plot_ppc_dist`` / ``plot_ppc_rootogram``,
+  ``plot_loo_pit``, ``plot_ppc_pit`` on 1.x), one column per fit.
 
 :func:`plot_compare` and :func:`plot_khat` flag what makes a fit's numbers unreliable
 (:mod:`pyro_dropout.diagnostics.reliability`): the fit's label or title gets a ``!`` and its
@@ -25,10 +31,18 @@ import numpy as np
 from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
+from .calibration import loo_pit_ks
 from .reliability import fit_flags, footnote
 from .vi_diagnostic import vi_diagnostic
 
-__all__ = ["plot_calibration", "plot_compare", "plot_khat", "plot_predictive_bands"]
+__all__ = [
+    "plot_calibration",
+    "plot_compare",
+    "plot_khat",
+    "plot_ppc_grid",
+    "plot_predictive_bands",
+    "plot_prior_functions",
+]
 
 
 def _as_dict(fits: Any) -> dict[str, Any]:
@@ -284,4 +298,138 @@ def plot_khat(fits: Any, *, ncols: int | None = None, path: Any = None) -> Any:
             title += "\n! " + "; ".join(short for _, short in flags)
         ax.set_title(title, fontsize="medium", color="C3" if flags else "k")
     _add_footnote(fig, all_flags)
+    return _finish(fig, path)
+
+
+def _is_one_d(x: np.ndarray) -> bool:
+    x = np.asarray(x)
+    return x.ndim == 1 or (x.ndim == 2 and x.shape[1] == 1)
+
+
+def plot_prior_functions(
+    fits: Any,
+    *,
+    num_draws: int = 30,
+    output: int = 0,
+    intervals: tuple[float, ...] = (0.5, 0.9),
+    ncols: int | None = None,
+    path: Any = None,
+    seed: int = 0,
+) -> Any:
+    """The prior predictive check of exports with the ``prior_predictive`` group
+    (``to_inference_data(..., prior=True)`` or :func:`~pyro_dropout.diagnostics.add_prior`),
+    one panel per fit.
+
+    Regression on a 1-D input: ``num_draws`` functions drawn from the prior (``obs_mean`` of
+    the prior predictive, one line each) and the central ``intervals`` of the prior predictive
+    ``obs`` over ``x``, with the observed data on top: do the functions the prior over weights
+    implies look like functions the data could come from (their scale, their wiggliness)?
+    Otherwise (several inputs, classification): ArviZ's prior predictive plot of the targets
+    against the observed ones (``az.plot_ppc(group="prior")`` on 0.23;
+    ``plot_ppc_dist`` / ``plot_ppc_rootogram`` with ``group="prior_predictive"`` on 1.x).
+
+    Example:
+        >>> idata = to_inference_data(model, guide, x, y, prior=True)  # doctest: +SKIP
+        >>> fig = plot_prior_functions(idata, path="prior.png")  # doctest: +SKIP
+    """
+    fits = _as_dict(fits)
+    for name, d in fits.items():
+        if not compat.has_group(d, "prior_predictive"):
+            raise ValueError(
+                f"fit {name!r} has no prior_predictive group: export it with "
+                "to_inference_data(..., prior=True) or add_prior(...)"
+            )
+    fig, axes = _panels(len(fits), ncols, (4.5, 3.2))
+    rng = np.random.default_rng(seed)
+    for ax, (name, d) in zip(axes, fits.items(), strict=True):
+        obs = rd.obs_name(d)
+        x = rd.values(d, "constant_data", "x")
+        regression = rd.task(d) == "regression"
+        if not (regression and _is_one_d(x)):
+            compat.plot_predictive_check(d, "ppc", obs, prior=True, discrete=not regression, ax=ax)
+            ax.set_title(f"{name}: prior predictive")
+            continue
+        xs = _one_d(x, "x")
+        order = np.argsort(xs)
+        r = rd.draws(d, "prior_predictive", obs)
+        y_rep = r.reshape(r.shape[:2] + (-1,))[..., output][:, order]
+        for k, p in enumerate(sorted(intervals, reverse=True)):
+            lo, hi = np.quantile(y_rep, [(1 - p) / 2, (1 + p) / 2], axis=0)
+            ax.fill_between(
+                xs[order],
+                lo,
+                hi,
+                color="C1",
+                alpha=0.15 + 0.1 * k,
+                lw=0,
+                label=f"{round(100 * p)} % prior predictive",
+            )
+        if rd.has_var(d, "prior_predictive", f"{obs}_mean"):
+            m = rd.draws(d, "prior_predictive", f"{obs}_mean")
+            f = m.reshape(m.shape[:2] + (-1,))[..., output][:, order]
+            pick = rng.choice(f.shape[0], size=min(num_draws, f.shape[0]), replace=False)
+            for j, s in enumerate(pick):
+                ax.plot(
+                    xs[order],
+                    f[s],
+                    color="C0",
+                    lw=0.8,
+                    alpha=0.6,
+                    label="prior function draws" if j == 0 else None,
+                )
+        yt = rd.values(d, "observed_data", obs).reshape(len(xs), -1)[:, output]
+        ax.scatter(xs, yt, s=8, color="k", zorder=3, label="observed")
+        ax.set_title(f"{name}: prior functions")
+        ax.set_xlabel("x")
+        ax.set_ylabel(obs)
+        ax.legend(fontsize="x-small", loc="best")
+    return _finish(fig, path)
+
+
+def plot_ppc_grid(
+    fits: Any,
+    *,
+    kinds: tuple[str, ...] = ("ppc", "loo_pit", "bpv"),
+    panel_size: tuple[float, float] = (4.0, 3.0),
+    path: Any = None,
+) -> Any:
+    """ArviZ's own posterior predictive checks of several fits side by side: one column per
+    fit, one row per check in ``kinds``.
+
+    * ``"ppc"``: posterior predictive draws against the observed targets (0.23
+      ``az.plot_ppc``; 1.x ``plot_ppc_dist``, or ``plot_ppc_rootogram`` for classification).
+    * ``"loo_pit"``: the LOO-PIT (``az.plot_loo_pit``); the title gives
+      :func:`~pyro_dropout.diagnostics.calibration.loo_pit_ks`, ``compare``'s ``loo_pit_ks``.
+    * ``"bpv"``: marginal Bayesian p-values (0.23 ``az.plot_bpv``; 1.x ``plot_ppc_pit``).
+
+    On 1.x arviz-plots draws a figure per call; each is shown in its panel as an image.
+
+    Example:
+        >>> fig = plot_ppc_grid({"mc_dropout": idata1, "bbb": idata2}, path="ppc.png")
+        ...  # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+
+    fits = _as_dict(fits)
+    kinds = tuple(kinds)
+    unknown = [k for k in kinds if k not in compat.PREDICTIVE_CHECKS]
+    if unknown or not kinds:
+        raise ValueError(f"kinds must be among {sorted(compat.PREDICTIVE_CHECKS)}; got {kinds}")
+    fig, axes = plt.subplots(
+        len(kinds),
+        len(fits),
+        figsize=(panel_size[0] * len(fits), panel_size[1] * len(kinds)),
+        squeeze=False,
+        layout="constrained",
+    )
+    for j, (name, d) in enumerate(fits.items()):
+        obs = rd.obs_name(d)
+        discrete = rd.task(d) == "classification"
+        for i, kind in enumerate(kinds):
+            ax = axes[i, j]
+            compat.plot_predictive_check(d, kind, obs, discrete=discrete, ax=ax)
+            title = f"{name}: {kind}"
+            if kind == "loo_pit":
+                title += f" (KS {loo_pit_ks(d):.3f})"
+            ax.set_title(title, fontsize="medium")
     return _finish(fig, path)

@@ -61,7 +61,8 @@ NOTES: dict[str, str] = {
     "loo_k": (
         "PSIS-LOO unreliable: Pareto k-hat above good_k at the share of points given; their "
         "importance weights are too heavy-tailed for the estimate to converge (Vehtari et al. "
-        "2024), so elpd_loo, se, p_loo, elpd_diff, dse and weight may be far off. Rank by "
+        "2024), so elpd_loo, se, p_loo, elpd_diff, dse, weight and loo_pit_ks may be far off. "
+        "Rank by "
         "held-out scores (test_lpd: pass x_test, y_test) or against a NUTS reference instead."
     ),
     "loo_inf": (
@@ -92,8 +93,8 @@ NOTES: dict[str, str] = {
 
 #: Columns whose numbers each flag makes unreliable (marked with ``!`` when printed).
 AFFECTED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "loo_k": ("elpd_loo", "se", "p_loo", "elpd_diff", "dse", "weight", "loo_max_k"),
-    "loo_inf": ("elpd_loo", "se", "p_loo", "elpd_diff", "dse", "weight", "loo_max_k"),
+    "loo_k": ("elpd_loo", "se", "p_loo", "elpd_diff", "dse", "weight", "loo_max_k", "loo_pit_ks"),
+    "loo_inf": ("elpd_loo", "se", "p_loo", "elpd_diff", "dse", "weight", "loo_max_k", "loo_pit_ks"),
     "p_loo": ("p_loo",),
     "vi_k": ("vi_khat",),
     "failed": (),

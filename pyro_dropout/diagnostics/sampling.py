@@ -12,6 +12,11 @@ training data with :func:`pyro.poutine.replay` under :func:`pyro.poutine.trace`,
   guide trace's log density), which the VI diagnostic of Yao et al. (2018) needs.
 
 Draws are weight draws, also inside an enclosing ``local_reparameterization()`` block.
+
+The prior is drawn the same way (:func:`draw_prior`): :func:`prior_guide` turns the model
+into a "guide" that runs the model itself with its observations hidden, so every latent site
+is drawn from the prior as written in the model (this library's layers, ``pyro.sample`` sites
+of the user's own) and the model replayed on those draws gives the prior predictive.
 """
 
 from __future__ import annotations
@@ -23,12 +28,20 @@ from typing import Any
 import numpy as np
 import torch
 from pyro import poutine
+from pyro.poutine.util import site_is_subsample
 
 from ..handlers import weight_draws
 from ..infer.conform import check_guide_matches, conform_data
 from ..infer.draws import run_draws
 
-__all__ = ["Draws", "PredictiveDraws", "draw_posterior"]
+__all__ = [
+    "Draws",
+    "PredictiveDraws",
+    "draw_posterior",
+    "draw_prior",
+    "find_obs_site",
+    "prior_guide",
+]
 
 
 @dataclass
@@ -236,3 +249,107 @@ def _deterministic_sites(model, guide, x, y):
         for n, s in m_tr.nodes.items()
         if s["type"] == "sample" and s["infer"].get("_deterministic", False)
     ]
+
+
+def prior_guide(model: Any, obs_name: str | None = None) -> Any:
+    """A guide that draws every latent site of ``model`` from its prior.
+
+    It runs ``model`` itself with its observed sites (and ``obs_name``, the likelihood site
+    when the model is called without targets) hidden from the trace, so a latent site's
+    "guide" distribution is its prior, as written in the model. Any Pyro model works; a latent
+    site with an improper prior (e.g. the log-uniform prior of variational dropout) cannot be
+    drawn and raises ``ValueError``.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> def model(x, y=None):
+        ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        ...     with pyro.plate("data", len(x)):
+        ...         return pyro.sample("obs", dist.Normal(w * x, 1.0), obs=y)
+        >>> tr = pyro.poutine.trace(prior_guide(model)).get_trace(torch.ones(3), torch.ones(3))
+        >>> [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+        ['w']
+    """
+
+    def hide(msg: dict) -> bool:
+        # the model's plates stay the model's: their subsample sites are hidden too (a replay
+        # on another data set, e.g. test inputs, must not get the training plate's size)
+        return msg["type"] == "sample" and (
+            msg["is_observed"] or msg["name"] == obs_name or site_is_subsample(msg)
+        )
+
+    def guide(*args: Any, **kwargs: Any) -> None:
+        try:
+            poutine.block(model, hide_fn=hide)(*args, **kwargs)
+        except NotImplementedError as e:
+            raise ValueError(
+                "the model's prior cannot be drawn from (an improper prior, e.g. "
+                f"ImproperLogUniform, has no samples): {e}. Give the model a proper prior to "
+                "draw its prior predictive"
+            ) from e
+
+    guide.__name__ = "prior"
+    return guide
+
+
+@torch.no_grad()
+def find_obs_site(model: Any, x: Any) -> str:
+    """The likelihood site of ``model(x, y)``: the sample site that ``y`` observes.
+
+    ``model(x)`` is run once without targets; each of its unobserved sample sites (last
+    first) is passed back as ``y``, and the first that ``model(x, y)`` then observes is the one.
+
+    Raises:
+        ValueError: no site is observed through ``y``.
+    """
+    with poutine.block(), weight_draws():
+        tr = poutine.trace(model).get_trace(x)
+        names = [
+            n
+            for n, s in tr.nodes.items()
+            if s["type"] == "sample" and not s["is_observed"] and not n.startswith("_")
+        ]
+        for name in reversed(names):
+            try:
+                tr2 = poutine.trace(model).get_trace(x, tr.nodes[name]["value"])
+            except Exception:  # noqa: BLE001 - not the observed site (shape, type): try the next
+                continue
+            site = tr2.nodes.get(name)
+            if site is not None and site["is_observed"]:
+                return name
+    raise ValueError(
+        "no sample site of model(x, y) observes y; pass obs_name= (the likelihood site)"
+    )
+
+
+@torch.no_grad()
+def draw_prior(
+    model: Any,
+    x: Any,
+    y: Any,
+    num_samples: int,
+    obs_name: str | None = None,
+    parallel: bool | str = "auto",
+    var_names: Sequence[str] | None = None,
+) -> Draws:
+    """Draws from the prior of ``model`` and its prior predictive on ``x``, as :class:`Draws`.
+
+    :func:`draw_posterior` with :func:`prior_guide` as the guide: ``latents`` are prior draws,
+    ``train`` the prior predictive on ``x`` (``y_rep``; ``mean`` or ``probs``, the function
+    values of each prior draw; ``log_lik`` of ``y`` under each prior draw), ``log_q`` the
+    prior log density.
+
+    Example:
+        >>> d = draw_prior(model, x, y, num_samples=200)  # doctest: +SKIP
+        >>> d.train.mean.shape  # (200, N, 1): prior function draws at x  # doctest: +SKIP
+    """
+    return draw_posterior(
+        model,
+        prior_guide(model, obs_name),
+        x,
+        y,
+        num_samples,
+        var_names=var_names,
+        obs_name=obs_name,
+        parallel=parallel,
+    )

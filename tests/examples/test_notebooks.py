@@ -42,13 +42,14 @@ def _param(path):
     return pytest.param(path, id=path.stem, marks=marks)
 
 
-def test_the_five_notebooks_exist():
+def test_the_six_notebooks_exist():
     assert [p.stem for p in NOTEBOOKS] == [
         "01_guide_swap_uci",
         "02_mauna_loa",
         "03_bayesian_lenet_mnist",
         "04_sparse_variational_dropout",
         "05_closest_to_the_posterior",
+        "06_bayesian_workflow",
     ]
 
 
