@@ -42,17 +42,24 @@ def model_device(model):
     return None
 
 
+def as_tensor(value, name):
+    """``value`` as a tensor (numpy arrays and lists of numbers converted, dtype kept); a
+    ``TypeError`` naming ``name`` for anything else."""
+    if torch.is_tensor(value):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(
+            f"{name} must be a tensor or an array of numbers; got {type(value).__name__} ({e})"
+        ) from None
+
+
 def as_model_input(value, model, name, guide=None):
     """``value`` as a tensor; floating values cast to :func:`model_dtype` (module docs)."""
     if value is None:
         return None
-    if not torch.is_tensor(value):
-        try:
-            value = torch.as_tensor(np.asarray(value))
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise TypeError(
-                f"{name} must be a tensor or an array of numbers; got {type(value).__name__} ({e})"
-            ) from None
+    value = as_tensor(value, name)
     if torch.is_floating_point(value):
         dtype = model_dtype(model, guide)
         if value.dtype != dtype:

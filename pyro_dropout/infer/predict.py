@@ -3,11 +3,11 @@
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import pyro
 import torch
 
 from .conform import check_guide_matches, check_target_shape, conform_data
+from .data import as_tensor
 from .draws import CHUNK_ELEMENTS, OBS_SAMPLE, RETURN_SITE, DistDraws, run_draws
 
 __all__ = ["predict", "Prediction", "CHUNK_ELEMENTS"]
@@ -158,13 +158,7 @@ def _target_like(y, d, site="obs"):
     """``y`` as a tensor laid out like one draw of ``d`` (rows first), on its device: the
     target rule of :mod:`~pyro_dropout.infer.conform` (a trailing axis of size 1 is added or
     dropped, another shape is refused; integer labels cast to the site's dtype)."""
-    if not torch.is_tensor(y):
-        try:
-            y = torch.as_tensor(np.asarray(y))
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise TypeError(
-                f"y must be a tensor or an array of numbers; got {type(y).__name__}"
-            ) from e
+    y = as_tensor(y, "y")
     shape = tuple(d.batch_shape[1:] + d.event_shape)
     y = check_target_shape(y, shape, "y", site)
     like = d.sample() if d.support.is_discrete else d.mean

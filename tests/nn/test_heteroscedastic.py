@@ -6,27 +6,13 @@ import math
 import warnings
 
 import numpy as np
-import pyro
 import pytest
 import torch
 
 import pyro_dropout as pd
 from pyro_dropout.nn import HeteroscedasticGaussianLikelihood
 
-GUIDES = {
-    "dropout": lambda m: pd.AutoDropout(m, dropout_rate=0.05),
-    "concrete": lambda m: pd.AutoConcreteDropout(m),
-    "meanfield": lambda m: pd.AutoMeanField(m),
-    "vd": lambda m: pd.AutoVariationalDropout(m),
-}
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    pyro.clear_param_store()
-    pyro.set_rng_seed(0)
-    yield
-    pyro.clear_param_store()
+from ._guides import GUIDES
 
 
 def _noisy_data(n=400, seed=0):

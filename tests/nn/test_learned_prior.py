@@ -22,20 +22,7 @@ from pyro_dropout.distributions import (
 )
 from pyro_dropout.nn import HyperPrior, LearnedPrior
 
-GUIDES = {
-    "dropout": lambda m: pd.AutoDropout(m, dropout_rate=0.05),
-    "concrete": lambda m: pd.AutoConcreteDropout(m),
-    "meanfield": lambda m: pd.AutoMeanField(m),
-    "vd": lambda m: pd.AutoVariationalDropout(m),
-}
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    pyro.clear_param_store()
-    pyro.set_rng_seed(0)
-    yield
-    pyro.clear_param_store()
+from ._guides import GUIDES
 
 
 def _families(shape, dtype=torch.float64):
