@@ -3,6 +3,7 @@ committed page can say what it measured (one helper for every benchmark)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -13,14 +14,19 @@ import torch
 
 def git_state():
     """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout holding this package
-    (None when it is not a git checkout, e.g. an installed wheel, or git is missing)."""
+    (None when it is not a git checkout, e.g. an installed wheel, or git is missing).
+
+    A copy of the tree without its ``.git`` (a GPU machine's) names its commit through the
+    environment variable ``PYRO_DROPOUT_COMMIT``, recorded with ``"dirty": None``."""
     root = Path(__file__).resolve().parent
+    named = os.environ.get("PYRO_DROPOUT_COMMIT")
+    fallback = {"commit": named or None, "dirty": None}
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
         )
         if head.returncode != 0:
-            return {"commit": None, "dirty": None}
+            return fallback
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=root,
@@ -29,17 +35,23 @@ def git_state():
             timeout=30,
         )
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return fallback
     dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
     return {"commit": head.stdout.strip(), "dirty": dirty}
 
 
 def versions():
-    """Python, torch and Pyro versions and the machine (architecture, platform string)."""
-    return {
+    """Python, torch and Pyro versions, the machine (architecture, platform string) and the
+    device tensors are made on (with the GPU's name where it is one)."""
+    device = torch.get_default_device()
+    out = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "pyro": pyro.__version__,
         "machine": platform.machine(),
         "platform": platform.platform(),
+        "device": device.type,
     }
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out

@@ -13,6 +13,8 @@ def test_git_state_names_this_checkout():
 
 
 def test_git_state_outside_git_is_none(monkeypatch):
+    monkeypatch.delenv("PYRO_DROPOUT_COMMIT", raising=False)
+
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
 
@@ -32,4 +34,16 @@ def test_versions_names_the_software():
 
     v = _provenance.versions()
     assert v["torch"] == torch.__version__ and v["pyro"] == pyro.__version__
-    assert set(v) == {"python", "torch", "pyro", "machine", "platform"}
+    assert set(v) == {"python", "torch", "pyro", "machine", "platform", "device"}
+    assert v["device"] == "cpu"
+
+
+def test_a_copy_without_git_names_its_commit_through_the_environment(monkeypatch):
+    """A GPU machine gets the tree without ``.git``: the run names the commit it copied."""
+
+    def not_a_repo(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
+
+    monkeypatch.setattr(subprocess, "run", not_a_repo)
+    monkeypatch.setenv("PYRO_DROPOUT_COMMIT", "0123abc")
+    assert _provenance.git_state() == {"commit": "0123abc", "dirty": None}

@@ -156,7 +156,13 @@ def test_resume_reuses_a_finished_validation_phase(data_dir, tmp_path):
         (["--datasets", "yachts"], r"unknown dataset 'yachts'; valid names are: .*yacht"),
         (["--datasets", "yacht", "--guides", "mcdropout"], r"unknown guide 'mcdropout'"),
         (["--datasets", "yacht", "--splits", "20"], r"yacht has splits 0..19"),
-    ],
+        (["--datasets", "yacht", "--device", "tpu9"], r"--device: "),
+    ]
+    + (
+        []
+        if torch.cuda.is_available()
+        else [(["--datasets", "yacht", "--device", "cuda"], r"sees no CUDA device")]
+    ),
 )
 def test_bad_names_are_reported(data_dir, tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as err:

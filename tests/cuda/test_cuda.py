@@ -215,3 +215,26 @@ def test_user_models_and_conv_estimators():
         pred = predict(model, guide, x, num_samples=6)
         assert _on_cuda(pred.probs) and pred.probs.shape == (32, 2)
         assert torch.isfinite(pred.log_likelihood(y)).all()
+
+
+def test_uci_command_line_runs_on_the_device(tmp_path):
+    """``python -m pyro_dropout.benchmarks.uci --device cuda``: the quick protocol trains and
+    evaluates there, and every unit records the device."""
+    import json
+    from pathlib import Path
+
+    from pyro_dropout.benchmarks import uci
+
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
+    if not (data / "yacht" / "data.txt").is_file():
+        pytest.skip(f"UCI data not found at {data}")
+    out = tmp_path / "uci"
+    argv = ["--data-dir", str(data), "--out", str(out), "--datasets", "yacht", "--quick"]
+    uci.main(argv + ["--guides", "dropout,meanfield", "--device", str(CUDA), "--quiet"])
+    units = sorted(out.glob("units/yacht/*/split_*[0-9].json"))
+    assert len(units) == 4
+    for path in units:
+        rec = json.loads(path.read_text())
+        assert rec["versions"]["device"] == CUDA.type
+        assert math.isfinite(rec["test"]["ll"])
+    assert torch.get_default_device().type == "cpu"  # restored

@@ -59,6 +59,12 @@ def _parser():
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)"
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the batched members train and are evaluated: cpu (default) or cuda; "
+        "recorded in every unit (the protocol's settings, hence --resume, do not depend on it)",
+    )
     p.add_argument("--resume", action="store_true", help="skip units whose JSON files exist")
     p.add_argument(
         "--report-only",
@@ -104,6 +110,12 @@ def _resolve(args, parser):
             parser.error(f"{name} must be at least 1")
     if args.val_mc_samples < 1 or args.batch_size < 1 or args.threads < 1:
         parser.error("--val-mc-samples, --batch-size and --threads must be at least 1")
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device: {err}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this torch sees no CUDA device (use --device cpu)")
     return datasets, per_ds
 
 
@@ -136,6 +148,11 @@ def main(argv=None):
     _code_state()  # the commit whose code this process loaded, before any unit is trained
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    previous = torch.get_default_device()
+    # Every tensor of the run (data, members' parameters, Monte-Carlo draws) is made there.
+    # Only when it is not the CPU: a default-device mode intercepts every torch call.
+    if args.device != previous:
+        torch.set_default_device(args.device)
     try:
         if args.estimate:
             rows = [
@@ -154,3 +171,5 @@ def main(argv=None):
         return summary
     finally:
         torch.set_num_threads(threads)
+        if args.device != previous:
+            torch.set_default_device(None if previous.type == "cpu" else previous)

@@ -26,7 +26,8 @@ def _stack_split_arrays(ds, splits, validation):
     y_test = torch.stack([torch.as_tensor(ds.y[a.test_idx], dtype=torch.float64) for a in arrs])
     mean = torch.tensor([a.standardizer.y_mean for a in arrs], dtype=torch.float64)
     std = torch.tensor([a.standardizer.y_std for a in arrs], dtype=torch.float64)
-    return x, y, x_test, y_test, mean, std
+    device = torch.get_default_device()  # the run's --device
+    return tuple(t.to(device) for t in (x, y, x_test, y_test, mean, std))
 
 
 def _groups(ds, splits, validation, split_batch):
