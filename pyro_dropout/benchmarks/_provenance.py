@@ -16,11 +16,14 @@ def git_state():
     """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout holding this package
     (None when it is not a git checkout, e.g. an installed wheel, or git is missing).
 
-    A copy of the tree without its ``.git`` (a GPU machine's) names its commit through the
-    environment variable ``PYRO_DROPOUT_COMMIT``, recorded with ``"dirty": None``."""
+    A copy of the tree made elsewhere (a GPU machine's, whose ``.git``, if any, need not match
+    the files) names its commit through the environment variable ``PYRO_DROPOUT_COMMIT``,
+    which wins over git and is recorded with ``"dirty": None``."""
     root = Path(__file__).resolve().parent
     named = os.environ.get("PYRO_DROPOUT_COMMIT")
-    fallback = {"commit": named or None, "dirty": None}
+    if named:
+        return {"commit": named, "dirty": None}
+    fallback = {"commit": None, "dirty": None}
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30

@@ -6,7 +6,8 @@ import subprocess
 from pyro_dropout.benchmarks import _provenance
 
 
-def test_git_state_names_this_checkout():
+def test_git_state_names_this_checkout(monkeypatch):
+    monkeypatch.delenv("PYRO_DROPOUT_COMMIT", raising=False)
     state = _provenance.git_state()
     assert re.fullmatch(r"[0-9a-f]{40}", state["commit"])
     assert state["dirty"] in (True, False)
@@ -38,8 +39,11 @@ def test_versions_names_the_software():
     assert v["device"] == "cpu"
 
 
-def test_a_copy_without_git_names_its_commit_through_the_environment(monkeypatch):
-    """A GPU machine gets the tree without ``.git``: the run names the commit it copied."""
+def test_a_copy_names_its_commit_through_the_environment(monkeypatch):
+    """A GPU machine gets a copy of the tree (its ``.git``, if any, stale): the run names the
+    commit it copied, whatever git answers."""
+    monkeypatch.setenv("PYRO_DROPOUT_COMMIT", "0123abc")
+    assert _provenance.git_state() == {"commit": "0123abc", "dirty": None}
 
     def not_a_repo(*args, **kwargs):
         return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
