@@ -337,7 +337,54 @@ def test_report_only_summarises_without_training(data_dir, tmp_path):
     assert set(summary["datasets"]["yacht"]["guides"]) == {"vd"}
     assert summary["datasets"]["bostonHousing"]["guides"] == {}
     md = (out / "results.md").read_text()
-    assert "| bostonHousing | – | – | – |" in md
+    assert "| bostonHousing | – | 2.904" in md  # no row of ours, then the anchor column
+    assert "ours: vd" in md and "ours: dropout" not in md  # columns: guides with a row
+
+
+def test_merge_and_page_regenerate_a_page_from_several_summaries(data_dir, tmp_path, capsys):
+    """``--report-only --merge A --merge B --page P``: rows of later summaries replace earlier
+    ones, the units under --out replace both, and the page's marked block is rewritten."""
+    import copy
+
+    from pyro_dropout.benchmarks.uci.report import PAGE_BEGIN, PAGE_END
+
+    out = tmp_path / "uci"
+    base = ["--data-dir", str(data_dir), "--datasets", "yacht", "--quick", "--quiet"]
+    uci.main(base + ["--out", str(out), "--guides", "vd"])
+    first = json.loads((out / "summary.json").read_text())
+    older = copy.deepcopy(first)
+    older["datasets"]["yacht"]["guides"]["vd"]["ll"]["mean"] = -99.0  # replaced by the units
+    older["datasets"]["yacht"]["guides"]["concrete"] = copy.deepcopy(
+        first["datasets"]["yacht"]["guides"]["vd"]
+    )
+    newer = copy.deepcopy(older)
+    newer["datasets"]["yacht"]["guides"]["concrete"]["ll"]["mean"] = -7.5  # replaces older
+    (tmp_path / "a.json").write_text(json.dumps(older))
+    (tmp_path / "b.json").write_text(json.dumps(newer))
+    page = tmp_path / "page.md"
+    page.write_text(f"# Title\n\nkept\n{PAGE_BEGIN}\nold text\n{PAGE_END}\n\nkept too\n")
+    argv = base + ["--out", str(out), "--report-only", "--page", str(page)]
+    merged = uci.main(
+        argv + ["--merge", str(tmp_path / "a.json"), "--merge", str(tmp_path / "b.json")]
+    )
+    got = merged["datasets"]["yacht"]["guides"]
+    assert list(got) == ["vd", "concrete"]  # the order of the guides' table
+    assert got["vd"]["ll"]["mean"] == first["datasets"]["yacht"]["guides"]["vd"]["ll"]["mean"]
+    assert got["concrete"]["ll"]["mean"] == -7.5
+    text = page.read_text()
+    assert text.startswith("# Title\n\nkept\n") and text.endswith(f"{PAGE_END}\n\nkept too\n")
+    assert "old text" not in text and "# UCI regression benchmark" not in text
+    assert "\n### Test log-likelihood\n" in text and "ours: concrete" in text
+    # markers missing, or --merge without --report-only: the parser says what to change
+    page.write_text("no markers\n")
+    for extra, message in (
+        (["--page", str(page), "--report-only"], "--page: the page needs the lines"),
+        (["--merge", str(tmp_path / "a.json")], "only go with --report-only"),
+        (["--merge", str(tmp_path / "none.json"), "--report-only"], "no such file"),
+    ):
+        with pytest.raises(SystemExit):
+            uci.main(base + ["--out", str(out)] + extra)
+        assert message in capsys.readouterr().err
 
 
 def test_report_says_which_commit_wrote_which_rows(data_dir, tmp_path):

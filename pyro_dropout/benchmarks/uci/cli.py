@@ -4,6 +4,7 @@ and the run (train or resume every unit, then summarise and report)."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -13,9 +14,9 @@ from ...datasets import UCI_DATASETS, load_uci
 from .. import uci_model as um
 from .estimate import _projection_markdown, estimate
 from .protocol import FULL_MC_SAMPLES, QUICK
-from .report import markdown
+from .report import PAGE_BEGIN, PAGE_END, markdown, splice_page
 from .run import run_dataset_guide
-from .summary import summarize
+from .summary import merge_summaries, summarize
 from .units import _code_state, _log, _versions, _write_json
 
 
@@ -73,6 +74,23 @@ def _parser():
         "results.md (e.g. after a run that spanned several sittings)",
     )
     p.add_argument(
+        "--merge",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="SUMMARY_JSON",
+        help="with --report-only: also report the (dataset, guide) rows of this summary.json "
+        "(repeatable; a later file's row replaces an earlier one's, and rows of the units under "
+        "--out replace them all), e.g. a committed summary and the full-protocol re-runs",
+    )
+    p.add_argument(
+        "--page",
+        type=Path,
+        default=None,
+        help="with --report-only: also write the report into this Markdown page, between its "
+        f"lines {PAGE_BEGIN!r} and {PAGE_END!r} (headings one level down)",
+    )
+    p.add_argument(
         "--estimate", action="store_true", help="only time the phases and project the full run"
     )
     p.add_argument("--quiet", action="store_true")
@@ -108,6 +126,16 @@ def _resolve(args, parser):
     for name, value in (("--epochs", args.epochs), ("--mc-samples", args.mc_samples)):
         if value is not None and value < 1:
             parser.error(f"{name} must be at least 1")
+    if (args.merge or args.page) and not args.report_only:
+        parser.error("--merge and --page only go with --report-only")
+    for path in args.merge:
+        if not path.is_file():
+            parser.error(f"--merge: no such file {path}")
+    if args.page is not None:
+        try:
+            splice_page(args.page.read_text(), "")
+        except (OSError, ValueError) as err:
+            parser.error(f"--page: {err}")
     if args.val_mc_samples < 1 or args.batch_size < 1 or args.threads < 1:
         parser.error("--val-mc-samples, --batch-size and --threads must be at least 1")
     try:
@@ -133,11 +161,23 @@ def run(args, datasets, per_ds):
         elapsed[ds.name] = time.perf_counter() - t0
         _log(f"[{ds.name}] wall time of this invocation: {elapsed[ds.name]:.1f} s", args.quiet)
     summary = summarize(out, datasets, args.guide_names)
+    merged = getattr(args, "merge", [])
+    if merged:
+        summary = merge_summaries([json.loads(p.read_text()) for p in merged] + [summary])
+        summary["merged_from"] = [str(p) for p in merged] + [str(out / "units")]
     for name, s in elapsed.items():
         summary["datasets"][name]["wall_s_this_invocation"] = s
     summary["versions"] = _versions()
     _write_json(out / "summary.json", summary)
-    (out / "results.md").write_text(markdown(summary, args.guide_names))
+    # Columns for the guides with at least one finished row.
+    shown = [
+        g for g in args.guide_names if any(g in e["guides"] for e in summary["datasets"].values())
+    ]
+    report = markdown(summary, shown)
+    (out / "results.md").write_text(report)
+    page = getattr(args, "page", None)
+    if page is not None:
+        page.write_text(splice_page(page.read_text(), report))
     return summary
 
 

@@ -111,3 +111,20 @@ def summarize(out, datasets, guides):
         summary["datasets"][ds.name] = entry
     summary["published_columns"] = {k: v[1] for k, v in PUBLISHED_COLUMNS.items()}
     return summary
+
+
+def merge_summaries(summaries):
+    """One summary of several: every (dataset, guide) row of each, a later summary's row
+    replacing an earlier one's (e.g. a full-protocol re-run replacing a reduced-budget row).
+    Datasets keep their first order of appearance; guides the order of :data:`um.GUIDES`."""
+    out = {"created": datetime.now(UTC).isoformat(timespec="seconds"), "datasets": {}}
+    for s in summaries:
+        for name, entry in s["datasets"].items():
+            target = out["datasets"].setdefault(name, {"n_splits": entry["n_splits"], "guides": {}})
+            target["guides"].update(entry["guides"])
+    for name, entry in out["datasets"].items():
+        entry["guides"] = {g: entry["guides"][g] for g in um.GUIDES if g in entry["guides"]}
+        entry["wall_s"] = float(sum(a["wall_s"] for a in entry["guides"].values()))
+        entry["published"] = PUBLISHED.get(name, {})  # the numbers of this code, not the file's
+    out["published_columns"] = {k: v[1] for k, v in PUBLISHED_COLUMNS.items()}
+    return out
