@@ -17,7 +17,13 @@ import torch
 
 from pyro_dropout import Prediction
 from pyro_dropout.benchmarks import uci, uci_model
-from pyro_dropout.benchmarks.uci_published import PUBLISHED, PUBLISHED_COLUMNS
+from pyro_dropout.benchmarks.uci.report import _best_published
+from pyro_dropout.benchmarks.uci_published import (
+    BEST_PUBLISHED,
+    PUBLISHED,
+    PUBLISHED_COLUMNS,
+    SE_BASES,
+)
 from pyro_dropout.datasets import load_uci
 from pyro_dropout.infer import MeanFieldELBO
 from pyro_dropout.nn.likelihoods import GaussianLikelihood
@@ -309,6 +315,52 @@ def test_embedded_published_numbers_match_the_markdown(data_dir):
             assert pub[col]["rmse"] == others[i]
             assert pub[col]["ll"] == others[i + 4]
     assert len(rows) == 9
+
+
+def test_best_published_entries_say_where_their_numbers_come_from():
+    assert set(BEST_PUBLISHED) == set(PUBLISHED)
+    for name, best in BEST_PUBLISHED.items():
+        assert isinstance(best.ll, float) and math.isfinite(best.ll), name
+        assert best.se is None or best.se > 0, name
+        assert best.se_basis in SE_BASES, name
+        assert best.source and best.printed and best.model and best.note, name
+        assert isinstance(best.verified, bool), name
+        assert best.n_splits is None or best.n_splits > 0, name
+        assert best.same_splits in (True, False, None), name
+        for extra in (best.bayesian, best.fallback):
+            if extra is not None:
+                b_ll, b_se, label = extra
+                assert math.isfinite(b_ll) and (b_se is None or b_se > 0) and label, name
+        # an unverified target names the best Bayesian NN value that was verified
+        assert best.verified or best.fallback is not None, name
+        ll, se, source, verified = best  # the tuple form of the old table
+        assert (ll, se, source, verified) == (best.ll, best.se, best.source, best.verified)
+    # an SD over n runs is divided by sqrt(n); the printed NLL is negated
+    boston = BEST_PUBLISHED["bostonHousing"]
+    assert boston.se_basis == "SD→SE" and boston.printed == "NLL 2.35 ± 0.06"
+    assert boston.se == pytest.approx(0.06 / math.sqrt(20))
+    # Deep Evidential Regression is not a Bayesian network: its table's best Bayesian NN is kept
+    assert all(b.bayesian for b in BEST_PUBLISHED.values() if "Evidential" in b.source)
+    # the anchor is the shared file's number, on these splits
+    concrete = BEST_PUBLISHED["concrete"]
+    assert (concrete.ll, concrete.se) == PUBLISHED["concrete"]["mc_dropout_2018"]["ll"]
+    assert concrete.verified and concrete.same_splits
+
+
+def test_best_published_table_shows_se_basis_and_verification():
+    guide = {"ll": {"mean": -1.0, "se": 0.01}, "reduced": False}
+    summary = {"datasets": {name: {"guides": {"vd": guide}} for name in BEST_PUBLISHED}}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in _best_published(summary, ["vd"])
+        if line.startswith("| ") and not line.startswith(("| dataset", "| ---"))
+    }
+    assert set(rows) == set(BEST_PUBLISHED)
+    assert "SD→SE, unverified" in rows["bostonHousing"]
+    assert "best Bayesian NN in that table: -2.46 ± 0.06" in rows["bostonHousing"]
+    assert "best verified Bayesian NN: -2.8 ± 0.01" in rows["power-plant"]
+    assert "SE as printed" in rows["concrete"] and "unverified" not in rows["concrete"]
+    assert "Table 2" in rows["yacht"] and "± unlabelled" in rows["yacht"]
 
 
 @pytest.mark.parametrize(
