@@ -143,6 +143,13 @@ class BestPublished:
     bayesian: tuple[float, float | None, str] | None = None
     fallback: tuple[float, float | None, str] | None = None
 
+    def verified_bayesian(self):
+        """``(ll, se or None, label)``: the best Bayesian-network value read in a paper — this
+        entry where it is verified and Bayesian, else its ``fallback`` (None where neither)."""
+        if self.verified and self.bayesian is None:
+            return (self.ll, self.se, self.source)
+        return self.fallback
+
     def __iter__(self):
         """``ll, se, source, verified = entry`` (the tuple form this table had before)."""
         return iter((self.ll, self.se, self.source, self.verified))

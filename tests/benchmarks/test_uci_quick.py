@@ -357,8 +357,17 @@ def test_best_published_table_shows_se_basis_and_verification():
     }
     assert set(rows) == set(BEST_PUBLISHED)
     assert "SD→SE, unverified" in rows["bostonHousing"]
-    assert "best Bayesian NN in that table: -2.46 ± 0.06" in rows["bostonHousing"]
-    assert "best verified Bayesian NN: -2.8 ± 0.01" in rows["power-plant"]
+    # the second comparison: the best Bayesian NN read in a paper, with its own mark
+    assert "| -2.402 ± 0.042 (MC dropout 2018 anchor" in rows["bostonHousing"]
+    assert "| -2.8 ± 0.01 (MC dropout, Gal & Ghahramani 2016" in rows["power-plant"]
+    assert rows["bostonHousing"].endswith("| beats (+1.4) |")  # -1.0 against -2.402
+    # a verified Bayesian entry is its own comparator
+    assert rows["yacht"].count("below (-0.53)") == 2
+    weak = {"ll": {"mean": -2.43, "se": 0.03}, "reduced": False}
+    lines = _best_published({"datasets": {"bostonHousing": {"guides": {"vd": weak}}}}, ["vd"])
+    row = next(line for line in lines if line.startswith("| bostonHousing"))
+    assert "below (-0.08) |" in row and row.endswith("| within 1 SE (-0.0281) |")
+    assert any("**0 of 1** against the issue's numbers, **1 of 1**" in line for line in lines)
     assert "SE as printed" in rows["concrete"] and "unverified" not in rows["concrete"]
     assert "Table 2" in rows["yacht"] and "± unlabelled" in rows["yacht"]
 
