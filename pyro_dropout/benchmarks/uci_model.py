@@ -240,12 +240,20 @@ HETERO_BASE = {
     "meanfield-hetero": "meanfield",
     "vd-hetero": "vd",
 }
+_HETERO_LIK = (
+    "a heteroscedastic likelihood (the net predicts the mean and a noise scale per row, "
+    "softplus with a floor of 1e-3, the scale head as Bayesian as the rest)"
+)
 _HETERO_TAIL = (
-    ", with both of issue 24's ingredients: a heteroscedastic likelihood (the net predicts "
-    "the mean and a noise scale per row, softplus with a floor of 1e-3, the scale head as "
-    "Bayesian as the rest) and a learned prior scale per layer on the weights (empirical "
-    "Bayes: the closed-form optimum mean E_q[w^2] emitted by the guide); no tau grid, the test "
-    "LL is the mixture over draws of the predicted Gaussians"
+    ", with both of issue 24's ingredients: " + _HETERO_LIK + " and a learned prior scale per "
+    "layer on the weights (empirical Bayes: the closed-form optimum mean E_q[w^2] emitted by "
+    "the guide); no tau grid, the test LL is the mixture over draws of the predicted Gaussians"
+)
+#: The MC-dropout families: the likelihood only (see _build_hetero for why not the prior).
+_HETERO_TAIL_FIXED = (
+    ", with " + _HETERO_LIK + " and the base guide's fixed prior N(0, 1/l) (l = 0.01): a "
+    "learned prior scale under a fixed posterior SD is ill-posed (the first layer shrinks to "
+    "the slab); no tau grid, the test LL is the mixture over draws of the predicted Gaussians"
 )
 GUIDES.update(
     {
@@ -253,14 +261,14 @@ GUIDES.update(
             "dropout-hetero",
             "AutoDropout",
             "MC dropout (slab 1e-4, flat biases) with the dataset's dropout-rate grid chosen "
-            "by validation LL" + _HETERO_TAIL,
+            "by validation LL" + _HETERO_TAIL_FIXED,
             ("dropout_rate",),
         ),
         "concrete-hetero": GuideSpec(
             "concrete-hetero",
             "AutoConcreteDropout",
             "Concrete dropout (one rate per layer learned, slab 1e-4, flat biases; no grid, "
-            "no validation phase)" + _HETERO_TAIL,
+            "no validation phase)" + _HETERO_TAIL_FIXED,
             (),
         ),
         "meanfield-hetero": GuideSpec(
@@ -402,9 +410,18 @@ def _build_hetero(guide, d_in, n_hidden, members):
     dtype = torch.get_default_dtype()
     m = len(cfg)
     base = HETERO_BASE[guide]
-    bias = DROPOUT_BIAS_PRIOR_SCALE if base in ("dropout", "concrete") else VD_BIAS_PRIOR_SCALE
+    fixed_slab = base in ("dropout", "concrete")
+    bias = DROPOUT_BIAS_PRIOR_SCALE if fixed_slab else VD_BIAS_PRIOR_SCALE
+    # The MC-dropout families keep their base guide's fixed prior N(0, 1/l). With the posterior
+    # SD fixed at the slab σ = 1e-4, a learned per-layer scale profiles the KL to
+    # (K/2) log mean(E_q[w²]) per layer; rescaling the ReLU layers (first × c, second × 1/c)
+    # leaves the function alone and lowers that KL by (K1 - K2) log(1/c) (K1 = 8·50 > K2 = 50·2)
+    # until the first layer's weights reach σ: about 2400 nats to gain by shrinking it to the
+    # slab's noise floor. The Gaussian families learn their posterior SDs, so their profiled KL
+    # does not change under that rescaling.
+    weight_prior = 1.0 / LENGTH_SCALE if fixed_slab else "learned"
     model = BatchedRegressionMLP(
-        d_in, n_hidden, torch.ones(m, dtype=dtype), "learned", bias, heteroscedastic=True
+        d_in, n_hidden, torch.ones(m, dtype=dtype), weight_prior, bias, heteroscedastic=True
     )
     if base == "dropout":
         rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=dtype)

@@ -29,7 +29,15 @@ def test_hetero_members_learn_their_own_prior_scales_and_noise(data_dir, guide):
     m = model.members
     assert model.heteroscedastic and model.layers[1].out_features == 2
     med = g.median()
-    for layer in ("layers.0", "layers.1"):
+    if uci_model.HETERO_BASE[guide] in ("dropout", "concrete"):
+        # the MC-dropout families keep their base guide's fixed prior (see the next test)
+        assert not any(k.endswith("prior_scale") for k in med)
+        import pyro.poutine as poutine
+
+        tr = poutine.trace(model).get_trace(xt[:, :4].repeat_interleave(per, 0))
+        prior = tr.nodes["layers.0.weight"]["fn"]
+        assert torch.allclose(prior.stddev, torch.tensor(1.0 / uci_model.LENGTH_SCALE))
+    for layer in ("layers.0", "layers.1") if "prior_scale" in str(list(med)) else ():
         s = med[f"{layer}.weight_prior_scale"]
         assert s.shape == (m, 1) and (s > 0).all()
         w = g.get_distributions()[f"{layer}.weight"]
@@ -39,6 +47,42 @@ def test_hetero_members_learn_their_own_prior_scales_and_noise(data_dir, guide):
     assert ev.samples.shape == (50, m, yt.shape[1])
     assert torch.isfinite(ev.ll).all() and torch.isfinite(ev.rmse).all()
     assert torch.isfinite(ev.rmse_mean_weights).all()
+
+
+@pytest.mark.parametrize("fixed_sd", [True, False])
+def test_learned_prior_under_a_fixed_slab_rewards_shrinking_the_first_layer(fixed_sd):
+    """Why the MC-dropout "-hetero" configurations keep a fixed prior: with the posterior SD
+    fixed at the slab, the profiled KL (each layer against N(0, s²), s² = mean E_q[w²]) falls
+    when ReLU rescaling moves the first layer (8·50 weights) down and the second (50·2) up,
+    which leaves the network's function alone; with learned posterior SDs (scaled with the
+    means, as mean-field can) it does not change."""
+    from pyro.distributions import Normal
+    from torch.distributions import kl_divergence
+
+    from pyro_dropout.distributions import BernoulliMaskedNormal
+
+    g = torch.Generator().manual_seed(0)
+    m1, m2 = torch.randn(50, 8, generator=g) * 0.3, torch.randn(2, 50, generator=g) * 0.3
+
+    def layer_kl(mean, sd):
+        if fixed_sd:
+            q = BernoulliMaskedNormal(mean, torch.full_like(mean, sd), torch.tensor(0.05))
+        else:
+            q = Normal(mean, sd)
+        s = (q.variance + q.mean**2).mean().sqrt()
+        p = Normal(torch.zeros_like(mean), s).to_event(2 if fixed_sd else 0)
+        return kl_divergence(q, p).sum()
+
+    def total(c):
+        if fixed_sd:
+            return layer_kl(m1 * c, 1e-4) + layer_kl(m2 / c, 1e-4)
+        return layer_kl(m1 * c, 0.05 * c) + layer_kl(m2 / c, 0.05 / c)
+
+    drop = float(total(1.0) - total(1e-3))
+    if fixed_sd:
+        assert drop > 1000  # (K1 - K2) log(1000) ≈ 2000 nats to gain
+    else:
+        assert abs(drop) < 1e-2
 
 
 def test_hetero_ll_is_the_mixture_of_the_drawn_gaussians(data_dir, monkeypatch):  # noqa: F811
