@@ -416,8 +416,9 @@ def _build_hetero(guide, d_in, n_hidden, members):
     # SD fixed at the slab σ = 1e-4, a learned per-layer scale profiles the KL to
     # (K/2) log mean(E_q[w²]) per layer; rescaling the ReLU layers (first × c, second × 1/c)
     # leaves the function alone and lowers that KL by (K1 - K2) log(1/c) (K1 = 8·50 > K2 = 50·2)
-    # until the first layer's weights reach σ: about 2300 nats to gain (weights of SD 0.3) by shrinking it to the
-    # slab's noise floor. The Gaussian families learn their posterior SDs, so their profiled KL
+    # until the first layer's weights reach σ: about 2300 nats to gain (weights of SD 0.3) by
+    # shrinking it to the slab's noise floor. The Gaussian families learn their posterior SDs,
+    # so their profiled KL
     # does not change under that rescaling.
     weight_prior = 1.0 / LENGTH_SCALE if fixed_slab else "learned"
     model = BatchedRegressionMLP(
