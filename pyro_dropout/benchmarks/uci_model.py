@@ -418,8 +418,7 @@ def _build_hetero(guide, d_in, n_hidden, members):
     # leaves the function alone and lowers that KL by (K1 - K2) log(1/c) (K1 = 8·50 > K2 = 50·2)
     # until the first layer's weights reach σ: about 2300 nats to gain (weights of SD 0.3) by
     # shrinking it to the slab's noise floor. The Gaussian families learn their posterior SDs,
-    # so their profiled KL
-    # does not change under that rescaling.
+    # so their profiled KL does not change under that rescaling.
     weight_prior = 1.0 / LENGTH_SCALE if fixed_slab else "learned"
     model = BatchedRegressionMLP(
         d_in, n_hidden, torch.ones(m, dtype=dtype), weight_prior, bias, heteroscedastic=True
