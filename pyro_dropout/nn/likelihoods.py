@@ -88,7 +88,18 @@ class GaussianLikelihood(PyroModule):
 
     def distribution(self, f):
         """``Normal(f, s).to_event(1)`` (one event per row); samples a latent ``s``."""
-        return dist.Normal(f, self.scale(f)).to_event(1)
+        s = self.scale(f)
+        if s.dim():
+            # A latent s drawn under a leading sample plate (vectorised particles, parallel
+            # prediction) has a global site's batch shape, e.g. (S, 1): the sample dim, then the
+            # data plate's (size 1). The network's output carries the sample dims before its
+            # rows and outputs, (S, 1, N, K) or (S, N, K) depending on how the weights were
+            # drawn: s goes in front of (N, K), with its trailing size-1 dims dropped to match.
+            lead = f.dim() - 2
+            while s.dim() > lead and s.shape[-1] == 1:
+                s = s.squeeze(-1)
+            s = s.reshape(s.shape + (1, 1))
+        return dist.Normal(f, s).to_event(1)
 
     def predictive_distribution(self, f):
         """The distribution for given outputs without sampling anything (fixed τ only)."""
