@@ -490,3 +490,19 @@ def test_estimate_projects_concrete_without_a_validation_phase(data_dir, tmp_pat
     assert row["final_s"] > 0 and row["phases"]["final"][0]["members"] == 1
     assert row["phases"]["final"][0]["splits"] == [0] and row["phases"]["final"][0]["jit"]
     assert "| yacht | concrete | 1 | – | 0 | – | 1 |" in (tmp_path / "projection.md").read_text()
+
+
+def test_constant_noise_ll_is_the_calibrated_gaussian_score():
+    """-½ log(2πe r²) equals the mean log-density of N(0, r²) at errors with RMS r."""
+    from pyro_dropout.benchmarks.uci.report import _calibration, constant_noise_ll
+
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(200_000, generator=g, dtype=torch.float64) * 0.3
+    r = float(e.pow(2).mean().sqrt())
+    exact = float(torch.distributions.Normal(0.0, r).log_prob(e).mean())
+    assert constant_noise_ll(r) == pytest.approx(exact, abs=1e-6)
+    row = {"rmse": {"mean": 0.3}, "ll": {"mean": constant_noise_ll(0.3) - 0.05}, "reduced": []}
+    anchor = {"rmse": (0.3, 0.01), "ll": (constant_noise_ll(0.3) + 0.02, 0.01)}
+    summary = {"datasets": {"x": {"guides": {"vd": row}, "published": {"mc_dropout_2018": anchor}}}}
+    line = next(s for s in _calibration(summary, ["vd"]) if s.startswith("| x |"))
+    assert "| -0.050 |" in line and line.endswith("| +0.020 |")
