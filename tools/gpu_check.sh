@@ -6,7 +6,7 @@
 set -u
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+    --target .gpu_site .whl/*.whl && export PYTHONPATH=$PWD/.gpu_site:$PWD || exit 1
 mkdir -p ../shared/data && ln -sfn "$PWD/.gpu_data/uci" ../shared/data/uci
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
@@ -16,9 +16,9 @@ echo "== CUDA tests ($(( $(date +%s) - t0 )) s)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
 echo "== UCI projection on the GPU ($(( $(date +%s) - t0 )) s)"
 timeout 150 python3 -m pyro_dropout.benchmarks.uci --data-dir ../shared/data/uci \
-    --out /tmp/uci-est --estimate --device cuda --datasets kin8nm \
+    --out .gpu_uci_est --estimate --device cuda --datasets kin8nm \
     --guides dropout,meanfield,vd,concrete 2>&1 | tail -8
-cp /tmp/uci-est/projection.json "$OUT/uci_projection_cuda.json" 2>/dev/null
+cp .gpu_uci_est/projection.json "$OUT/uci_projection_cuda.json" 2>/dev/null
 echo "== speed benchmark on the GPU ($(( $(date +%s) - t0 )) s)"
 timeout 200 python3 -m pyro_dropout.benchmarks.speed --device cuda --rounds 3 --no-profile \
     --json "$OUT/speed_cuda.json" > "$OUT/speed_cuda.md" 2>&1
