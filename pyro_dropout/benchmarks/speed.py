@@ -11,7 +11,7 @@ Workloads (from the project's speed issues):
 Per workload, interleaved in rounds (each method summarised by the median of its per-round
 times; ratios against baselines measured in the same rounds, so machine noise largely cancels):
 
-* **fit's step** for each of the four guides: ``SVI`` with ``fit``'s default set-up under
+* **fit's step** for each of the four guides: ``CompiledSVI`` (an ``SVI``) with ``fit``'s default set-up under
   ``local_reparameterization()`` — the compiled loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`,
   ``jit="auto"``) and one fused Adam — and the same step eager (``jit=False``), against a plain
   ``nn.Dropout`` MLP step (forward, backward, Adam) of the same sizes;
@@ -54,7 +54,7 @@ from .. import (
     local_reparameterization,
     predict,
 )
-from ..infer import fused_adam
+from ..infer import CompiledSVI, fused_adam
 from ..infer.elbo import make_elbo
 from ..infer.minibatch import ScaleObserved
 from . import step_profile
@@ -191,10 +191,10 @@ def _bayesian_mlp(w):
 class _Step:
     """One method's training step and what its profile needs."""
 
-    def __init__(self, model, guide, elbo, optim, args, kwargs, context):
+    def __init__(self, model, guide, elbo, optim, args, kwargs, context, svi=SVI):
         self.model, self.guide, self.elbo = model, guide, elbo
         self.args, self.kwargs, self.context = args, kwargs, context
-        self.svi = SVI(model, guide, optim, elbo)
+        self.svi = svi(model, guide, optim, elbo)
 
     def __call__(self):
         with self.context():
@@ -218,7 +218,8 @@ def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False):
         with local_reparameterization(), ScaleObserved(scale) if tutorial else nullcontext():
             yield
 
-    return _Step(model, guide, elbo, fused_adam({"lr": 1e-3}), (xb, yb), kwargs, context)
+    optim = fused_adam({"lr": 1e-3})
+    return _Step(model, guide, elbo, optim, (xb, yb), kwargs, context, svi=CompiledSVI)
 
 
 def _user_loop_step(w, guide_name, x, y):

@@ -61,9 +61,10 @@ def _largest_input(args, kwargs):
 
 
 def _graph_text(fn):
-    """The ops of a Pyro-compiled function's TorchScript graph, without source locations."""
+    """The ops of a Pyro-compiled function's TorchScript graph as traced (before it was
+    simplified), without source locations."""
     (script,) = fn.compiled.values()
-    return script.graph.str(False)
+    return getattr(script, "text", None) or script.graph.str(False)
 
 
 class JitMeanFieldELBO(MeanFieldELBO):
@@ -218,6 +219,24 @@ class JitMeanFieldELBO(MeanFieldELBO):
                 self._eager(str(reason))
                 return out
         return method(self, model, guide, *args, **kwargs)
+
+    def checked_graph(self, model, guide, args, kwargs):
+        """``(graph, param_names)`` of this call's compiled loss where its signature has been
+        traced and checked (its graph takes the unconstrained values of ``param_names``, then
+        ``args``), else ``None`` (not compiled yet, eager, or a signature it cannot compile).
+        For :class:`~pyro_dropout.infer.CompiledSVI`, which calls the graph itself."""
+        if self.eager_reason is not None:
+            return None
+        try:
+            key = self._key(model, guide, args, kwargs, False)
+        except TypeError:
+            return None
+        entry = self._compiled.get(key)
+        if entry is None or entry[1] < 2:
+            return None
+        fn = entry[0]
+        (graph,) = fn.compiled.values()
+        return graph, fn._param_names
 
     # -- the ELBO interface -----------------------------------------------------------------
     def differentiable_loss(self, model, guide, *args, **kwargs):

@@ -8,7 +8,6 @@ import weakref
 import numpy as np
 import pyro
 import torch
-from pyro.infer import SVI
 from pyro.infer.util import is_validation_enabled
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
@@ -16,6 +15,7 @@ from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 from .._checks import positive_int
 from ..handlers import local_reparameterization as _lrt
 from .compiled import CompilationWarning
+from .compiled_svi import CompiledSVI
 from .conform import check_guide_matches, conform_data
 from .data import as_model_input
 from .elbo import make_elbo
@@ -176,7 +176,7 @@ def fit(
         )
         jit = False
     elbo = make_elbo(model, jit, num_particles, vectorize_particles)
-    svi = SVI(model, guide, optim, elbo)
+    svi = CompiledSVI(model, guide, optim, elbo)
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
     losses = []

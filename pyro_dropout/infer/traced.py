@@ -22,11 +22,16 @@ from pyro.ops.jit import CompiledFunction, _hashable_args_kwargs
 from pyro.util import ignore_jit_warnings
 from torch.jit._trace import _create_interpreter_name_lookup_fn
 
+from . import graph_passes
+
 __all__ = ["OwnedCompiledFunction", "trace"]
 
 
 class _OwnedTrace:
-    """A traced function in a compilation unit of its own (freed with this object)."""
+    """A traced function in a compilation unit of its own (freed with this object), its graph
+    simplified (:mod:`pyro_dropout.infer.graph_passes`) before it first runs. ``text`` is the
+    graph as traced (ops, shapes and constants, without source locations), for comparing two
+    traces: the simplified graph would hide the values of folded tensor constants."""
 
     def __init__(self, fn, example_inputs):
         self._module = torch._C.ScriptModule(
@@ -44,6 +49,8 @@ class _OwnedTrace:
             False,  # _store_inputs
         )
         self._forward = self._module._get_method("forward")
+        self.text = self._forward.graph.str(False)
+        self.ops = graph_passes.simplify(self._forward.graph)
 
     @property
     def graph(self):
