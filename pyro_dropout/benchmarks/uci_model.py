@@ -24,7 +24,6 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch.distributions import constraints
 
@@ -38,7 +37,7 @@ from .. import (
     local_reparameterization,
 )
 from ..guides import init_to_glorot
-from ..infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam, traced
+from ..infer import CompiledSVI, JitMeanFieldELBO, MeanFieldELBO, fused_adam, traced
 from ..nn import HeteroscedasticGaussianLikelihood
 
 __all__ = [
@@ -500,7 +499,7 @@ def train(
     total = num_epochs * steps_per_epoch if max_steps is None else max_steps
     elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(max_plate_nesting=model.max_plate_nesting)
     optim = fused_adam({"lr": lr}) if fused else pyro.optim.Adam({"lr": lr})
-    svi = SVI(model, guide, optim, elbo)
+    svi = CompiledSVI(model, guide, optim, elbo)  # SVI.step where not compiled and fused
     loss = math.nan
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0
