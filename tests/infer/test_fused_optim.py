@@ -128,3 +128,55 @@ def test_falls_back_to_foreach_where_fused_is_unsupported():
     opt([u, q.unconstrained()])
     assert opt.pt_optim_args.get("foreach") is True and "fused" not in opt.pt_optim_args
     assert (p.detach() < 1).all()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"lr": 0.01, "fused": True},
+        {"lr": 0.01, "foreach": True, "amsgrad": True, "weight_decay": 0.1},
+        {"lr": 0.01, "fused": True, "maximize": True, "betas": (0.8, 0.9), "eps": 1e-6},
+    ],
+    ids=["fused", "foreach-amsgrad-decay", "fused-maximize"],
+)
+def test_lean_adam_step_is_adam_step_bit_for_bit(args):
+    """``FusedOptim`` steps ``torch.optim.Adam`` without its wrapper (optim._lean_adam_step):
+    the same parameters and state as ``Adam.step()`` after 20 steps, on this torch."""
+    from pyro_dropout.infer import optim as optim_module
+
+    results = []
+    for lean in (True, False):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
+        opt = torch.optim.Adam(params, **args)
+        for step in range(20):
+            for p in params:
+                p.grad = torch.sin(p.detach() * (step + 1))
+            if lean:
+                assert optim_module._lean_adam_step(opt)
+            else:
+                opt.step()
+        results.append((params, opt.state_dict()["state"]))
+    (p1, s1), (p0, s0) = results
+    for a, b in zip(p1, p0, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for i in s0:
+        for k in s0[i]:
+            torch.testing.assert_close(s1[i][k], s0[i][k], rtol=0, atol=0)
+
+
+def test_lean_adam_step_defers_to_step_where_it_must():
+    from pyro_dropout.infer import optim as optim_module
+
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.ones(2)
+    assert not optim_module._lean_adam_step(torch.optim.SGD([p], lr=0.1))
+    opt = torch.optim.Adam([p], lr=0.1)
+    calls = []
+    opt.register_step_post_hook(lambda *a: calls.append(1))
+    assert not optim_module._lean_adam_step(opt)  # a hook: Adam.step runs it
+    fused = FusedOptim(torch.optim.Adam, {"lr": 0.1})
+    fused([p])
+    fused.optimizer.register_step_pre_hook(lambda *a: calls.append(2))
+    fused([p])
+    assert calls == [2]
