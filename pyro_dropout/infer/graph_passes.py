@@ -126,9 +126,9 @@ def _identity_input(node):
 
 
 def _drop_broadcasts(graph):
-    """Where ``broadcast_tensors`` receives tensors that already share one shape, read each
-    *constant* among them directly instead of its broadcast (so that what is computed from it
-    folds, e.g. the ``log`` of a fixed scale). The computed inputs keep their broadcast: with
+    """Read each *constant* input of a ``broadcast_tensors`` as a constant (itself, or itself
+    expanded to the broadcast shape) instead of its broadcast, so that what is computed from
+    it folds (e.g. the ``log`` of a fixed scale). The computed inputs keep their broadcast: with
     it, TorchScript's autodiff left ``softplus`` to eager autograd, and without it its symbolic
     gradient ``1 - exp(-y)`` lost 5 % at y = 1e-6 in float32 (measured;
     ``tests/infer/test_graph_passes.py``)."""
@@ -143,13 +143,21 @@ def _drop_broadcasts(graph):
         unpack = uses[0].user
         if unpack.kind() != "prim::ListUnpack":
             continue
-        pairs = list(zip(packed.inputs(), unpack.outputs(), strict=True))
-        if not all(_same_type(a.type(), b.type()) for a, b in pairs):
-            continue
-        for source, result in pairs:
-            if source.node().kind() == "prim::Constant":
+        for source, result in zip(packed.inputs(), unpack.outputs(), strict=True):
+            value = _constant(source)
+            if not torch.is_tensor(value) or not _complete(result.type()):
+                continue
+            if _same_type(source.type(), result.type()):
                 result.replaceAllUsesWith(source)
-                dropped += 1
+            else:  # a constant broadcast to the others' shape: that is a constant too
+                sizes = result.type().sizes()
+                expanded = value.expand(sizes)
+                if list(expanded.stride()) != result.type().strides():
+                    continue
+                constant = graph.insertConstant(expanded)
+                constant.node().moveBefore(node)
+                result.replaceAllUsesWith(constant)
+            dropped += 1
     return dropped
 
 

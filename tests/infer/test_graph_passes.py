@@ -135,3 +135,19 @@ def test_softplus_gradient_of_a_tiny_scale_is_kept():
     for _ in range(3):  # the optimising executor differentiates from the second run on
         (grad,) = torch.autograd.grad(t(loc, u), [u])
     torch.testing.assert_close(grad, torch.full_like(grad, -1.0), rtol=1e-5, atol=1e-5)
+
+
+def test_constant_broadcast_to_another_shape_is_a_constant():
+    """A fixed noise scale broadcast against a computed mean (``Normal(f, 0.3)``): its
+    ``log`` and square fold, and the values are unchanged."""
+    scale = torch.tensor(0.3)
+
+    def fn(f, y):
+        loc, s = torch.broadcast_tensors(f, scale)
+        return (-((y - loc) ** 2) / (2 * s**2) - s.log()).sum()
+
+    f, y = torch.randn(5, 1), torch.randn(5, 1)
+    t = _trace(fn, f, y)
+    kinds = _kinds(t.graph)
+    assert "aten::log" not in kinds and kinds.count("aten::pow") == 1
+    torch.testing.assert_close(t(f, y), fn(f, y))
