@@ -54,12 +54,6 @@ def _cuda_devices(args, kwargs):
     return sorted({v.device.index or 0 for v in values if torch.is_tensor(v) and v.is_cuda})
 
 
-def _largest_input(args, kwargs):
-    """Elements of the largest tensor argument (0 without one)."""
-    values = list(args) + list(kwargs.values())
-    return max((v.numel() for v in values if torch.is_tensor(v)), default=0)
-
-
 def _graph_text(fn):
     """The ops of a Pyro-compiled function's TorchScript graph as traced (before it was
     simplified), without source locations."""
@@ -188,12 +182,15 @@ class JitMeanFieldELBO(MeanFieldELBO):
     @staticmethod
     def _call(fn, args, kwargs):
         # On the CPU, TorchScript's optimising executor has no fuser in this torch build ("LLVM
-        # Backend not found"); what it adds (differentiable subgraphs, profiling) made larger
-        # steps slower: the batched UCI step (240 members, ms per step, optimised / not)
-        # dropout 39.3 / 32.2, mean-field 55.9 / 44.0; the speed benchmark's W2 (inputs of
-        # 10^5 elements) mean-field 2.18 / 1.98x and VD 2.73 / 2.37x the plain step. On tiny
-        # inputs its specialised graph is ~7 % faster (W1, 256 elements). On a GPU it can fuse.
-        optimize = bool(_cuda_devices(args, kwargs)) or _largest_input(args, kwargs) <= 2**14
+        # Backend not found"); what it adds (differentiable subgraphs run by its interpreter,
+        # profiling) made steps slower: the batched UCI step (240 members, ms per step,
+        # optimised / not) dropout 39.3 / 32.2, mean-field 55.9 / 44.0; the speed benchmark's
+        # W2 mean-field 2.18 / 1.98x and VD 2.73 / 2.37x the plain step; and, once the graphs
+        # were simplified (graph_passes), W1 too (one process, median of 5 rounds, optimised /
+        # not): AutoDropout 1.64 / 1.49x, mean-field 1.98 / 1.88x, VD and Concrete equal. Its
+        # symbolic gradients can also be less accurate (softplus: see graph_passes). On a GPU it
+        # can fuse.
+        optimize = bool(_cuda_devices(args, kwargs))
         with warnings.catch_warnings(), torch.jit.optimized_execution(optimize):
             warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
             return fn(*args, **kwargs)
