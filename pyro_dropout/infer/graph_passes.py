@@ -12,8 +12,9 @@ stream (tests in ``tests/infer/test_graph_passes.py``).
 
 The passes are TorchScript's own (peephole with shape information, constant propagation,
 common-subexpression elimination, dead-code elimination; none of them folds or merges a
-random draw) plus one of ours that drops view-like ops whose result has exactly the type,
-shape and strides of their input (a trace's graph carries complete shapes, so this is known).
+random draw) plus three of ours: drop ops whose result has exactly the type, shape and strides
+of an input (a trace's graph carries complete shapes, so this is known), read constants out of
+broadcasts, and add a bias vector inside the ``linear`` that produced its operand.
 """
 
 import torch
@@ -175,6 +176,35 @@ def _drop_identities(graph):
     return dropped
 
 
+def _fuse_linear_bias(graph):
+    """``linear(x, W) + b`` (a bias vector added apart, as the local reparameterisation adds
+    the bias's mean) becomes ``linear(x, W, b)``: one op, and one autograd node, fewer."""
+    fused = 0
+    for node in list(graph.nodes()):
+        if node.kind() != "aten::add" or len(list(node.inputs())) != 3:
+            continue
+        out, bias, alpha = node.inputs()
+        producer = out.node()
+        if producer.kind() != "aten::linear" or len(out.uses()) != 1 or not _is(alpha, 1):
+            continue
+        if producer.inputsAt(2).type().kind() != "NoneType":
+            continue
+        t, b = out.type(), bias.type()
+        if not (_complete(t) and _complete(b)) or len(b.sizes()) != 1:
+            continue
+        if b.sizes()[0] != t.sizes()[-1] or b.scalarType() != t.scalarType():
+            continue
+        if b.device() != t.device() or not _same_type(t, node.output().type()):
+            continue
+        if bias.node().kind() != "prim::Param" and not bias.node().isBefore(producer):
+            continue
+        producer.replaceInput(2, bias)
+        node.output().replaceAllUsesWith(out)
+        node.destroy()
+        fused += 1
+    return fused
+
+
 def simplify(graph):
     """Simplify a traced graph in place (see the module docs); returns ``(ops before, ops
     after)``. Only for graphs from a trace: the peephole pass uses their complete shapes."""
@@ -186,6 +216,7 @@ def simplify(graph):
     torch._C._jit_pass_dce(graph)
     torch._C._jit_pass_constant_propagation(graph)
     _drop_identities(graph)
+    _fuse_linear_bias(graph)
     torch._C._jit_pass_cse(graph)
     torch._C._jit_pass_constant_propagation(graph)
     torch._C._jit_pass_dce(graph)

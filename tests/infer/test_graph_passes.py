@@ -151,3 +151,20 @@ def test_constant_broadcast_to_another_shape_is_a_constant():
     kinds = _kinds(t.graph)
     assert "aten::log" not in kinds and kinds.count("aten::pow") == 1
     torch.testing.assert_close(t(f, y), fn(f, y))
+
+
+def test_bias_added_after_a_linear_moves_into_it():
+    def fn(x, w, b, b2):
+        return (torch.nn.functional.linear(x, w) + b).sum() + (
+            torch.nn.functional.linear(x, w) + b2  # a bias per row: kept apart
+        ).sum()
+
+    x, w = torch.randn(4, 3), torch.randn(5, 3, requires_grad=True)
+    b, b2 = torch.randn(5, requires_grad=True), torch.randn(4, 5)
+    t = _trace(fn, x, w, b, b2)
+    kinds = _kinds(t.graph)
+    assert kinds.count("aten::linear") == 2 and kinds.count("aten::add") == 2, kinds
+    out, ref = t(x, w, b, b2), fn(x, w, b, b2)
+    torch.testing.assert_close(out, ref)
+    for a, r in zip(torch.autograd.grad(out, [w, b]), torch.autograd.grad(ref, [w, b])):
+        torch.testing.assert_close(a, r)
