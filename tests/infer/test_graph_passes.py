@@ -166,5 +166,6 @@ def test_bias_added_after_a_linear_moves_into_it():
     assert kinds.count("aten::linear") == 2 and kinds.count("aten::add") == 2, kinds
     out, ref = t(x, w, b, b2), fn(x, w, b, b2)
     torch.testing.assert_close(out, ref)
-    for a, r in zip(torch.autograd.grad(out, [w, b]), torch.autograd.grad(ref, [w, b])):
+    grads = torch.autograd.grad(out, [w, b]), torch.autograd.grad(ref, [w, b])
+    for a, r in zip(*grads, strict=True):
         torch.testing.assert_close(a, r)
