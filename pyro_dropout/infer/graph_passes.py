@@ -6,9 +6,9 @@ constant parts of a closed-form KL, the dropout rate's ``1 - p``) and the shape 
 of broadcasting (``aten::size`` → ``Int`` → ``NumToTensor`` chains, ``expand``/``reshape`` to
 the shape a tensor already has). TorchScript's interpreter runs each of them on every step,
 and autograd records each that touches a parameter. Measured on the speed benchmark's W1
-workload (8-50-1, batch 32, ``AutoDropout``): 874 graph nodes, 342 of them ``aten::`` ops;
-after :func:`simplify` 173 nodes and about 100 ops, with the same outputs for the same random
-stream (tests in ``tests/infer/test_graph_passes.py``).
+workload (8-50-1, batch 32, ``AutoDropout``): 346 ``aten::`` ops as traced, 67 after
+:func:`simplify`, with the same outputs for the same random stream (tests in
+``tests/infer/test_graph_passes.py``; the other guides: ``docs/benchmarks/speed.md``).
 
 The passes are TorchScript's own (peephole with shape information, constant propagation,
 common-subexpression elimination, dead-code elimination; none of them folds or merges a
