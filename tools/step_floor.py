@@ -1,0 +1,136 @@
+"""The floor of a training step: the same estimator as fit's default step, hand-written in
+plain PyTorch (no Pyro, no handlers), against the speed benchmark's plain ``nn.Dropout`` step.
+
+    python tools/step_floor.py [--workload W1|W2] [--rounds 7]
+
+The workloads are the speed benchmark's (``benchmarks/speed.py``): W1 an 8-50-1 regression at
+batch 32, W2 a 784-400-400-10 classification at batch 128. The hand-written steps compute what
+fit's compiled loss computes for the benchmark's ``BayesianMLP`` under
+``local_reparameterization()``: MC dropout (input masks, the slab noise σε of
+``BernoulliMaskedNormal`` as a pre-activation variance σ²‖x‖², its KL's weight decay) and
+mean-field Gaussian (pre-activation mean and variance, two products per layer, closed-form
+Normal KL), a Gaussian (W1) or categorical (W2) likelihood scaled by N / B, one fused Adam.
+Each is timed eager and as a TorchScript trace. Prints one line per method: the median ratio
+to the plain step over interleaved rounds. A measuring aid for the speed page, not a test.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from pyro_dropout.benchmarks import speed
+
+TAU, SLAB2 = 10.0, 1e-4
+
+
+def _data_term(f, y, task, scale):
+    if task == "regression":
+        return (-0.5 * TAU * (y - f.squeeze(-1)) ** 2).sum() * scale
+    return -F.cross_entropy(f, y, reduction="sum") * scale
+
+
+def _dropout_loss(keep, task, scale):
+    def loss(x, y, *params):
+        h = x
+        layers = list(zip(params[0::2], params[1::2], strict=True))
+        for i, (m, b) in enumerate(layers):
+            mean = F.linear(h * (torch.rand_like(h) < keep), m, b)
+            var = SLAB2 * (h * h).sum(-1, keepdim=True) + SLAB2
+            h = mean + var.sqrt() * torch.randn_like(mean)
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+        kl = 0.5 * keep * sum(m.pow(2).sum() for m in params[0::2])
+        kl = kl + 0.5 * sum(b.pow(2).sum() for b in params[1::2])
+        return kl - _data_term(h, y, task, scale)
+
+    return loss
+
+
+def _mean_field_loss(task, scale):
+    def loss(x, y, *params):
+        h = x
+        layers = list(zip(*(params[i::4] for i in range(4)), strict=True))
+        kl = 0.0
+        for i, (m, r, c, s) in enumerate(layers):
+            sd_w, sd_b = F.softplus(r), F.softplus(s)
+            mean = F.linear(h, m, c)
+            var = F.linear(h * h, sd_w * sd_w, sd_b * sd_b)
+            h = mean + var.sqrt() * torch.randn_like(mean)
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+            for mu, sd in ((m, sd_w), (c, sd_b)):
+                kl = kl + (0.5 * (sd * sd + mu * mu) - sd.log()).sum()
+        return kl - _data_term(h, y, task, scale)
+
+    return loss
+
+
+def _params(sizes, mean_field):
+    g = torch.Generator().manual_seed(0)
+    params = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        for shape in ((b, a), (b,)):
+            params.append(torch.nn.Parameter(0.1 * torch.randn(shape, generator=g)))
+            if mean_field:  # per layer: weight mean, weight ρ, bias mean, bias ρ
+                params.append(torch.nn.Parameter(torch.full(shape, -5.0)))
+    return params
+
+
+def _step(loss_fn, params, x, y, traced):
+    fn = torch.jit.trace(loss_fn, (x, y, *params), check_trace=False) if traced else loss_fn
+    opt = torch.optim.Adam(params, 1e-3, fused=True)
+
+    def step():
+        opt.zero_grad()
+        fn(x, y, *params).backward()
+        opt.step()
+
+    return step
+
+
+def _timeit(fn, reps):
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(speed.WORKLOADS), default="W1")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--reps", type=int, default=None, help="steps per timing (W1 500, W2 20)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    w = speed.WORKLOADS[args.workload]
+    reps = args.reps or (500 if args.workload == "W1" else 20)
+    x, y = speed._data(w)
+    plain, _, _ = speed._plain_step_fn(w, x, y)
+    xb, yb = x[: w["batch"]], y[: w["batch"]]
+    scale = w["n_data"] / w["batch"]
+    losses = {
+        "MC dropout": (_dropout_loss(1 - w["p"], w["task"], scale), False),
+        "mean-field": (_mean_field_loss(w["task"], scale), True),
+    }
+    methods = {}
+    for name, (loss_fn, mean_field) in losses.items():
+        for traced in (False, True):
+            label = f"{args.workload} hand-written {name}, {'traced' if traced else 'eager'}"
+            methods[label] = _step(loss_fn, _params(w["sizes"], mean_field), xb, yb, traced)
+    for fn in [plain, *methods.values()]:
+        _timeit(fn, 5)  # warm up (and the traces' profiling runs)
+    ratios = {k: [] for k in methods}
+    for _ in range(args.rounds):
+        base = _timeit(plain, reps)
+        for k, fn in methods.items():
+            ratios[k].append(_timeit(fn, reps) / base)
+    for k, v in ratios.items():
+        print(f"{k}: {statistics.median(v):.2f}x the plain step (rounds: "
+              + ", ".join(f"{r:.2f}" for r in v) + ")")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
