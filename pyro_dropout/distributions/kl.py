@@ -284,8 +284,15 @@ def kl_normal_normal(q, p):
     ``broadcast(q.batch_shape, p.batch_shape)``, as torch's ``kl_normal_normal``."""
     p_loc, p_scale = unexpand(p.loc), unexpand(p.scale)
     diff = q.loc - p_loc
-    kl = (q.scale * q.scale + diff * diff) * (0.5 / (p_scale * p_scale)) - q.scale.log()
-    kl = kl + (p_scale.log() - 0.5)
+    half_precision = 0.5 / (p_scale * p_scale)
+    if q.scale.requires_grad:  # a learned scale: the fewest operations in all
+        kl = (q.scale * q.scale + diff * diff) * half_precision - q.scale.log()
+        kl = kl + (p_scale.log() - 0.5)
+    else:
+        # A fixed scale (AutoDropout's biases): its terms apart from μ_q's, so that they are
+        # constants of a compiled loss and μ_q costs three operations (infer/graph_passes.py).
+        of_scale = (q.scale * q.scale * half_precision - q.scale.log()) + (p_scale.log() - 0.5)
+        kl = diff * diff * half_precision + of_scale
     return kl.expand(broadcast_shape(q.batch_shape, p.batch_shape))
 
 

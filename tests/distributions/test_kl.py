@@ -562,11 +562,15 @@ def test_kl_normal_log_uniform_rejects_bad_names(name):
     q_batch=st.sampled_from([(), (3,), (2, 3), (4, 1, 3)]),
     p_batch=st.sampled_from([(), (3,), (1, 3), (2, 1)]),
     seed=st.integers(0, 2**16),
+    learned_scale=st.booleans(),
 )
 @settings(max_examples=40, deadline=None)
-def test_normal_normal_kl_matches_torch(q_batch, p_batch, seed):
+def test_normal_normal_kl_matches_torch(q_batch, p_batch, seed, learned_scale):
+    """Both arrangements of the formula (a learned q scale, and a fixed one whose terms come
+    apart for a compiled loss) against torch's."""
     g = torch.Generator().manual_seed(seed)
-    q = dist.Normal(torch.randn(q_batch, generator=g), torch.rand(q_batch, generator=g) + 0.1)
+    q_scale = (torch.rand(q_batch, generator=g) + 0.1).requires_grad_(learned_scale)
+    q = dist.Normal(torch.randn(q_batch, generator=g), q_scale)
     p = dist.Normal(torch.randn(p_batch, generator=g), torch.rand(p_batch, generator=g) + 0.1)
     ours = kl_divergence(q, p)
     reference = torch.distributions.kl._kl_normal_normal(q, p)
