@@ -96,16 +96,32 @@ def _unwrap(tree):
     return tree_map(laid_out, tree)
 
 
+_CONTAINERS = (list, tuple, dict)
+
+
 def _fallback(func, args, kwargs):
     """Compute on plain tensors; report the use when the result holds a tensor (a metadata
     query such as ``w.shape`` or ``w.dim()`` is not a use)."""
-    out = func(*_unwrap(args), **_unwrap(kwargs))
-    leaves = tree_flatten(out)[0]
-    if any(torch.is_tensor(v) for v in leaves):
+    if not any(isinstance(a, _CONTAINERS) for a in args) and not any(
+        isinstance(v, _CONTAINERS) for v in kwargs.values()
+    ):
+        # Flat arguments (the common case: an ELBO's log density of a weight, ``w * 2``):
+        # without torch's pytree walks, which cost more than the op on a small network
+        # (measured: a third of a user's eager SVI step with AutoConcreteDropout at W1).
+        guided = [a for a in args if isinstance(a, GuidedValue)]
+        guided += [v for v in kwargs.values() if isinstance(v, GuidedValue)]
+        out = func(*map(laid_out, args), **{k: laid_out(v) for k, v in kwargs.items()})
+        holds = torch.is_tensor(out) or (
+            isinstance(out, _CONTAINERS) and any(torch.is_tensor(v) for v in tree_flatten(out)[0])
+        )
+    else:
+        out = func(*_unwrap(args), **_unwrap(kwargs))
+        holds = any(torch.is_tensor(v) for v in tree_flatten(out)[0])
+        guided = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, GuidedValue)]
+    if holds:
         name = _op_name(func)
-        for v in tree_flatten((args, kwargs))[0]:
-            if isinstance(v, GuidedValue):
-                v._pd_site.owner.unsupported_use(v._pd_site, name)
+        for v in guided:
+            v._pd_site.owner.unsupported_use(v._pd_site, name)
     return out
 
 
