@@ -12,9 +12,10 @@ workload (8-50-1, batch 32, ``AutoDropout``): 346 ``aten::`` ops as traced, 67 a
 
 The passes are TorchScript's own (peephole with shape information, constant propagation,
 common-subexpression elimination, dead-code elimination; none of them folds or merges a
-random draw) plus three of ours: drop ops whose result has exactly the type, shape and strides
+random draw) plus four of ours: drop ops whose result has exactly the type, shape and strides
 of an input (a trace's graph carries complete shapes, so this is known), read constants out of
-broadcasts, and add a bias vector inside the ``linear`` that produced its operand.
+broadcasts, merge a clamp of a clamp, and add a bias vector inside the ``linear`` that
+produced its operand.
 """
 
 import torch
@@ -176,6 +177,25 @@ def _drop_identities(graph):
     return dropped
 
 
+#: Kinds that draw random numbers (moving one would reorder the random stream).
+_RANDOM_KINDS = ("rand", "normal", "bernoulli", "uniform", "poisson", "multinomial", "dropout")
+
+
+def _can_move_before(node, target):
+    """Whether ``node`` (a pure op with one output, all of whose inputs are defined before
+    ``target``) can move to just before ``target`` without changing what the graph computes."""
+    kind = node.kind()
+    if not kind.startswith("aten::") or kind.endswith("_") or node.outputsSize() != 1:
+        return False
+    if any(r in kind for r in _RANDOM_KINDS):
+        return False
+    for value in node.inputs():
+        source = value.node()
+        if source.kind() != "prim::Param" and not source.isBefore(target):
+            return False
+    return True
+
+
 def _fuse_linear_bias(graph):
     """``linear(x, W) + b`` (a bias vector added apart, as the local reparameterisation adds
     the bias's mean) becomes ``linear(x, W, b)``: one op, and one autograd node, fewer."""
@@ -197,12 +217,58 @@ def _fuse_linear_bias(graph):
         if b.device() != t.device() or not _same_type(t, node.output().type()):
             continue
         if bias.node().kind() != "prim::Param" and not bias.node().isBefore(producer):
-            continue
+            if not _can_move_before(bias.node(), producer):
+                continue
+            bias.node().moveBefore(producer)  # e.g. a bias's variance, computed after it
         producer.replaceInput(2, bias)
         node.output().replaceAllUsesWith(out)
         node.destroy()
         fused += 1
     return fused
+
+
+def _clamp_bound(value):
+    """A clamp bound that is a constant: ``(True, number or None)``; else ``(False, None)``."""
+    if value.type().kind() == "NoneType":
+        return True, None
+    c = _constant(value)
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return True, c
+    return False, None
+
+
+def _merge_clamps(graph):
+    """``clamp(clamp(x, a1, b1), a2, b2)`` with constant bounds, the inner one used only there,
+    becomes ``clamp(x, max(a1, a2), min(b1, b2))`` (where that interval is not empty): the
+    same values, and the same gradient (1 exactly where both clamps pass ``x``). A drop rate
+    meets two: Pyro's ``unit_interval`` transform clips its sigmoid, the guide keeps ``p``
+    inside (eps, 1 - eps)."""
+    merged = 0
+    for node in list(graph.nodes()):
+        if node.kind() != "aten::clamp" or node.inputsSize() != 3:
+            continue
+        inner_out = node.inputsAt(0)
+        inner = inner_out.node()
+        if inner.kind() != "aten::clamp" or inner.inputsSize() != 3 or len(inner_out.uses()) != 1:
+            continue
+        bounds = [_clamp_bound(v) for v in (inner.inputsAt(1), inner.inputsAt(2))]
+        bounds += [_clamp_bound(v) for v in (node.inputsAt(1), node.inputsAt(2))]
+        if not all(ok for ok, _ in bounds):
+            continue
+        (_, a1), (_, b1), (_, a2), (_, b2) = bounds
+        lows = [a for a in (a1, a2) if a is not None]
+        highs = [b for b in (b1, b2) if b is not None]
+        low, high = (max(lows) if lows else None), (min(highs) if highs else None)
+        if low is not None and high is not None and low > high:
+            continue
+        for i, bound in ((1, low), (2, high)):
+            constant = graph.insertConstant(bound)
+            constant.node().moveBefore(node)
+            node.replaceInput(i, constant)
+        node.replaceInput(0, inner.inputsAt(0))
+        inner.destroy()
+        merged += 1
+    return merged
 
 
 def simplify(graph):
@@ -216,6 +282,8 @@ def simplify(graph):
     torch._C._jit_pass_dce(graph)
     torch._C._jit_pass_constant_propagation(graph)
     _drop_identities(graph)
+    _merge_clamps(graph)
+    torch._C._jit_pass_constant_pooling(graph)  # constants first: the bias fusion moves ops
     _fuse_linear_bias(graph)
     torch._C._jit_pass_cse(graph)
     torch._C._jit_pass_constant_propagation(graph)

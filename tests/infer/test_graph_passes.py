@@ -169,3 +169,52 @@ def test_bias_added_after_a_linear_moves_into_it():
     grads = torch.autograd.grad(out, [w, b]), torch.autograd.grad(ref, [w, b])
     for a, r in zip(*grads, strict=True):
         torch.testing.assert_close(a, r)
+
+
+def test_a_clamp_of_a_clamp_becomes_one_clamp_with_the_same_gradient():
+    def fn(x, y):
+        inner = x.clamp(-1.0, 2.0)  # used once: merged into the next
+        shared = y.clamp(min=0.0)  # used twice: kept
+        return (inner.clamp(0.5, 3.0) * 3).sum() + shared.clamp(max=1.0).sum() + shared.sum()
+
+    x = torch.tensor([-2.0, -1.0, 0.0, 0.5, 1.0, 2.0, 2.5], requires_grad=True)
+    y = torch.tensor([-1.0, 0.3, 1.5], requires_grad=True)
+    t = _trace(fn, x, y)
+    assert _kinds(t.graph).count("aten::clamp") == 3  # (the kept pair and the merged one)
+    bounds = {
+        tuple(graph_passes._clamp_bound(n.inputsAt(i))[1] for i in (1, 2))
+        for n in t.graph.nodes()
+        if n.kind() == "aten::clamp" and n.inputsAt(0).node().kind() == "prim::Param"
+    }
+    assert bounds == {(0.5, 2.0), (0.0, None)}, bounds
+    out, ref = t(x, y), fn(x, y)
+    torch.testing.assert_close(out, ref)
+    for a, r in zip(
+        torch.autograd.grad(out, [x, y]), torch.autograd.grad(ref, [x, y]), strict=True
+    ):
+        torch.testing.assert_close(a, r)
+
+
+def test_a_bias_computed_after_its_linear_moves_before_it_unless_it_draws():
+    """The variance of a bias (its scale squared, computed after the weight's product) is moved
+    before the ``linear`` and fused; a random draw is never moved (the stream's order)."""
+
+    def fn(x, w, s):
+        var = torch.nn.functional.linear(x * x, w * w)
+        var = var + s * s  # computed after the linear in the trace
+        noisy = torch.nn.functional.linear(x, w) + torch.randn(5)
+        return var.sum() + noisy.sum()
+
+    x, w = torch.randn(4, 3), torch.randn(5, 3, requires_grad=True)
+    s = torch.rand(5, requires_grad=True)
+    t = _trace(fn, x, w, s)
+    kinds = _kinds(t.graph)
+    assert kinds.count("aten::linear") == 2 and kinds.count("aten::add") == 2, kinds
+    torch.manual_seed(0)
+    out = t(x, w, s)
+    torch.manual_seed(0)
+    ref = fn(x, w, s)
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out, [w, s]), torch.autograd.grad(ref, [w, s])
+    for a, r in zip(*grads, strict=True):
+        torch.testing.assert_close(a, r)
