@@ -6,7 +6,7 @@ import math
 import torch
 from torch.distributions import Distribution, constraints
 
-from .._broadcast import broadcast_shape
+from .._broadcast import broadcast_shape, unexpand
 from .bernoulli_masked_normal import BernoulliMaskedNormal
 
 __all__ = ["ConcreteMaskedNormal", "RelaxedDensityError", "concrete_keep_mask"]
@@ -63,8 +63,20 @@ def concrete_keep_mask(dropout_rate, temperature, shape, relaxed=True):
     # a = logit p + logit u. The big tensor's part (logit u, clamped: rand can return exactly
     # 0) needs no gradient, so it is scaled in place and only the sum and the sigmoid are
     # differentiated per element (this mask is in every training step).
+    # (logit p is one operation where log p - log(1 - p) is four: it runs per layer and step.)
     noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps).mul_(-1.0 / temperature)
-    return torch.sigmoid((torch.log1p(-rate) - torch.log(rate)) / temperature + noise)
+    return torch.sigmoid(torch.logit(rate) * (-1.0 / temperature) + noise)
+
+
+def _compact(rate, ndim):
+    """``rate`` without its broadcast dims, with ``ndim`` dims: what the local
+    reparameterisation rule and the KL compute with. (Why not ``dropout_rate``, expanded to
+    the mask's shape: a compiled loss would run the expansion, and per-unit terms computed on
+    every expanded element, and their backward, on every step.)"""
+    rate = unexpand(rate)
+    return (
+        rate.reshape((1,) * (ndim - rate.dim()) + tuple(rate.shape)) if rate.dim() < ndim else rate
+    )
 
 
 class ConcreteMaskedNormal(BernoulliMaskedNormal):
@@ -153,6 +165,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
                 f"(event_dim - 2): one rate per input unit or channel at most)"
             )
         self.dropout_rate = rate.expand(shape)
+        self._compact_rate = _compact(rate, len(shape))
         self.temperature = float(temperature)
         self.relaxed = bool(relaxed)
         # BernoulliMaskedNormal was built unvalidated (its [0, 1) rate check is not ours): take
@@ -173,6 +186,41 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
                     "ConcreteMaskedNormal: dropout_rate must lie in the open interval (0, 1)"
                 )
 
+    #: The mean weight :math:`\mathbb E W = (1-p)M` where the family was built by
+    #: :meth:`from_mean` (``batch_shape + event_shape``), else ``None``.
+    mean_weight = None
+
+    @classmethod
+    def from_mean(
+        cls, mean, scale, dropout_rate, temperature=0.1, relaxed=True, event_dim=None, **kwargs
+    ):
+        r"""The family whose *mean* weight is ``mean``: :math:`M = \text{mean} / (1-p)`, the
+        parameterisation of inverted dropout (Gal, Hron & Kendall's reference code's
+        :math:`W'`; :class:`~pyro_dropout.AutoConcreteDropout`'s ``locs``).
+
+        The same distribution as ``ConcreteMaskedNormal(mean / (1 - p), ...)``; it also keeps
+        ``mean`` as :attr:`mean_weight`, which the local-reparameterisation rule and the KL
+        read instead of :math:`M`: :math:`\mathrm{op}(x \odot z / (1-p), \text{mean})` and
+        :math:`\|\text{mean}\|^2 / (1-p)`. Why: dividing every weight by :math:`1-p`, and
+        that division's backward, cost 0.4× a plain ``nn.Dropout`` step on the speed
+        benchmark's W2 network (784-400-400-10, batch 128); a compiled loss that never reads
+        :attr:`loc` drops the division as dead code.
+        """
+        if not torch.is_tensor(mean):
+            mean = torch.as_tensor(mean)
+        if not torch.is_floating_point(mean):
+            mean = mean.to(torch.get_default_dtype())
+        rate = dropout_rate
+        if not (torch.is_tensor(rate) and rate.dtype == mean.dtype and rate.device == mean.device):
+            rate = torch.as_tensor(rate, dtype=mean.dtype, device=mean.device)
+        new = cls(mean / (1 - rate), scale, rate, temperature, relaxed, event_dim, **kwargs)
+        new.mean_weight = mean.expand(new.batch_shape + new.event_shape)
+        return new
+
+    @property
+    def mean(self):
+        return super().mean if self.mean_weight is None else self.mean_weight
+
     @property
     def mask_shape(self):
         """``batch_shape + (1, in) + (1,) * (event_dim - 2)``: one mask per input unit/channel."""
@@ -186,8 +234,11 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         new.dropout_rate = self.dropout_rate.expand(
             batch_shape + self.dropout_rate.shape[len(self.batch_shape) :]
         )
+        new._compact_rate = _compact(self._compact_rate, new.dropout_rate.dim())
         new.temperature = self.temperature
         new.relaxed = self.relaxed
+        if self.mean_weight is not None:
+            new.mean_weight = self.mean_weight.expand(batch_shape + self.event_shape)
         super(BernoulliMaskedNormal, new).__init__(
             batch_shape, self.event_shape, validate_args=False
         )

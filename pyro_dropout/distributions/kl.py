@@ -99,6 +99,54 @@ def kl_bernoulli_masked_normal_normal(q, p):
     return _squeeze_event(kl, q.event_dim, batch_shape)
 
 
+def _is_uniform(t):
+    return unexpand(t).numel() == 1
+
+
+#: Kinds of TorchScript nodes that draw random numbers: their values are not constants.
+_RANDOM_KINDS = ("rand", "normal", "bernoulli", "uniform", "poisson", "multinomial", "exponential")
+
+
+def _traced_constant(t):
+    """Whether ``t``, in the trace being recorded, is computed from constants only (no input
+    of the trace, no random draw): its value is then baked into the graph, so branching on it
+    is exactly as valid as the trace itself."""
+    try:
+        # Private API (torch.jit's tracer): where it is missing or moved, say "cannot tell".
+        todo, seen = [torch._C._get_value_trace(t)], set()
+    except Exception:
+        return False
+    while todo:
+        value = todo.pop()
+        if value.unique() in seen:
+            continue
+        seen.add(value.unique())
+        kind = value.node().kind()
+        if kind == "prim::Param" or any(r in kind for r in _RANDOM_KINDS):
+            return False
+        todo.extend(value.node().inputs())
+    return True
+
+
+def _known_zero(t):
+    """Whether ``t`` is zero everywhere and no gradient or later input can change that: a
+    prior's mean, say, for which a KL can skip a pass over the weight. ``False`` when it cannot
+    tell cheaply (a tensor that requires grad, an input of a trace, a tensor on an accelerator
+    outside a trace, where reading it would synchronise every step)."""
+    if t.requires_grad:
+        return False
+    if torch.jit.is_tracing():
+        if not _traced_constant(t):
+            return False
+        state = torch._C._get_tracing_state()
+        torch._C._set_tracing_state(None)  # read a constant's value without recording it
+        try:
+            return not bool(t.any())
+        finally:
+            torch._C._set_tracing_state(state)
+    return t.device.type == "cpu" and not bool(t.any())
+
+
 def _sum_as_expanded(t, shape, dims):
     """Sum ``t`` over ``dims`` (negative, keepdim) as if it were first expanded to ``shape``."""
     t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape))
@@ -173,12 +221,30 @@ def kl_concrete_masked_normal_normal(q, p):
     event_dim = q.event_dim
     group_dims = [-event_dim] + list(range(-event_dim + 2, 0))
     const = torch.log(scale0) - torch.log(scale) + 0.5 * ((scale / scale0) ** 2 - 1)
+    # per group: (1 - p) (const + on) + p (const + off) - H(p) = const + (1 - p) on + p off
+    # - H(p), where on and off are the quadratic terms of the two components. The weight-free
+    # terms are grouped so that a compiled loss folds them into constants.
     const = _sum_as_expanded(const, full, group_dims)
-    kl_on = const + _sum_as_expanded(0.5 * ((q.loc - loc0) / scale0) ** 2, full, group_dims)
-    kl_off = const + _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)
-    rate = unexpand(q.dropout_rate)
-    neg_entropy = torch.xlogy(rate, rate) + torch.xlogy(1 - rate, 1 - rate)
-    per_group = (1 - rate) * kl_on + rate * kl_off + neg_entropy
+    rate = q._compact_rate
+    keep = 1 - rate
+    fixed = const + (torch.xlogy(rate, rate) + torch.xlogy(keep, keep))
+    zero_prior_mean = _known_zero(loc0)
+    if not zero_prior_mean:
+        fixed = fixed + rate * _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)
+    if q.mean_weight is None:
+        on = _sum_as_expanded(0.5 * ((q.loc - loc0) / scale0) ** 2, full, group_dims)
+        per_group = keep * on + fixed
+    else:
+        # Built from the mean weight m' = (1 - p) M (ConcreteMaskedNormal.from_mean): the
+        # on-component's (1 - p) ||M - m0||² is ||m' - (1 - p) m0||² / (1 - p), and M is
+        # never formed (see from_mean).
+        centred = q.mean_weight if zero_prior_mean else q.mean_weight - keep * loc0
+        if _is_uniform(scale0):  # one prior scale: divide the sums, not every weight
+            on = _sum_as_expanded(centred**2, full, group_dims)
+            per_group = on * ((0.5 / scale0.reshape(-1)[0] ** 2) / keep) + fixed
+        else:
+            on = _sum_as_expanded((centred / scale0) ** 2, full, group_dims)
+            per_group = on * (keep.new_tensor(0.5) / keep) + fixed
     batch_shape = full[: len(full) - event_dim]
     group_shape = batch_shape + (1, full[len(full) - event_dim + 1]) + (1,) * (event_dim - 2)
     kl = _sum_as_expanded(per_group, group_shape, [-event_dim + 1])
@@ -285,8 +351,15 @@ def kl_normal_normal(q, p):
     p_loc, p_scale = unexpand(p.loc), unexpand(p.scale)
     diff = q.loc - p_loc
     half_precision = 0.5 / (p_scale * p_scale)
-    if q.scale.requires_grad:  # a learned scale: the fewest operations in all
-        kl = (q.scale * q.scale + diff * diff) * half_precision - q.scale.log()
+    if isinstance(q, LogAlphaNormal) and q.log_variance is not None:
+        # Variational dropout's family built from log σ² (LogAlphaNormal.from_log_variance):
+        # σ² and log σ are at hand, σ itself is never formed.
+        kl = (q.variance + diff * diff) * half_precision - 0.5 * q.log_variance
+        kl = kl + (p_scale.log() - 0.5)
+    elif q.scale.requires_grad:  # a learned scale: the fewest operations in all
+        # q.variance (scale²), not scale * scale: the local reparameterisation reads the same
+        # variance, so a compiled loss computes it once (common-subexpression elimination).
+        kl = (q.variance + diff * diff) * half_precision - q.scale.log()
         kl = kl + (p_scale.log() - 0.5)
     else:
         # A fixed scale (AutoDropout's biases): its terms apart from μ_q's, so that they are

@@ -32,8 +32,59 @@ class LogAlphaNormal(dist.Normal):
         loc, log_alpha = torch.broadcast_tensors(loc, log_alpha)
         variance = torch.exp(log_alpha + torch.log(loc * loc + torch.finfo(loc.dtype).tiny))
         super().__init__(loc, variance.sqrt(), validate_args=validate_args)
-        self.log_alpha = log_alpha
+        self._log_alpha = log_alpha
         self._variance = variance
+        self._log_variance = None
+
+    @classmethod
+    def from_log_variance(cls, loc, log_variance, validate_args=None):
+        r"""The same family given θ and :math:`\log σ^2` (sparse variational dropout's
+        additive parameterisation, Molchanov et al. 2017, which
+        :class:`~pyro_dropout.AutoVariationalDropout` learns): :math:`σ^2 = \exp(\log σ^2)`
+        and :math:`\log α = \log σ^2 - \log(θ^2 + \epsilon)`.
+
+        Why: built from log α, the variance is :math:`\exp(\log α + \log(θ^2 + \epsilon))`,
+        and log α itself is :math:`\log σ^2 - \log(θ^2 + \epsilon)`: eight passes over every
+        weight per step to recover :math:`\exp(\log σ^2)`. Here :attr:`log_alpha` and
+        :attr:`scale` are computed when first read, so a compiled loss whose KL does not read
+        them (a Gaussian prior: :func:`~pyro_dropout.distributions.kl_normal_normal` reads
+        :attr:`variance` and :attr:`log_variance`) has neither.
+        """
+        if loc.shape != log_variance.shape:  # (an op in every compiled step where it is not)
+            loc, log_variance = torch.broadcast_tensors(loc, log_variance)
+        new = cls.__new__(cls)
+        new.loc = loc
+        new._scale = None
+        new._log_alpha = None
+        new._log_variance = log_variance
+        new._variance = torch.exp(log_variance)
+        # torch's Distribution.__init__ (Normal's own would need the scale): it checks loc and
+        # scale against arg_constraints where validation is on.
+        super(torch.distributions.Normal, new).__init__(loc.shape, validate_args=validate_args)
+        return new
+
+    @property
+    def scale(self):
+        if self._scale is None:
+            self._scale = self._variance.sqrt()
+        return self._scale
+
+    @scale.setter
+    def scale(self, value):  # torch's Normal.__init__ sets it
+        self._scale = value
+
+    @property
+    def log_alpha(self):
+        """log α, of the shape of ``loc``."""
+        if self._log_alpha is None:
+            tiny = torch.finfo(self.loc.dtype).tiny
+            self._log_alpha = self._log_variance - torch.log(self.loc * self.loc + tiny)
+        return self._log_alpha
+
+    @property
+    def log_variance(self):
+        r""":math:`\log σ^2` where the family was built from it, else ``None``."""
+        return self._log_variance
 
     @property
     def variance(self):
@@ -42,8 +93,11 @@ class LogAlphaNormal(dist.Normal):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(LogAlphaNormal, _instance)
         batch_shape = torch.Size(batch_shape)
-        for name in ("loc", "scale", "log_alpha", "_variance"):
-            setattr(new, name, getattr(self, name).expand(batch_shape))
+        new.loc = self.loc.expand(batch_shape)
+        new._variance = self._variance.expand(batch_shape)
+        for name in ("_scale", "_log_alpha", "_log_variance"):
+            value = getattr(self, name)
+            setattr(new, name, None if value is None else value.expand(batch_shape))
         super(torch.distributions.Normal, new).__init__(batch_shape, validate_args=False)
         new._validate_args = self._validate_args
         return new

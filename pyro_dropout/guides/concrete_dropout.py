@@ -156,8 +156,8 @@ class AutoConcreteDropout(AutoWeightGuide):
         if name in self._weights:
             rate = self._rate(name)
             vector = name in self._vector_weights
-            layer = ConcreteMaskedNormal(
-                (mean.unsqueeze(-2) if vector else mean) / (1 - rate),
+            layer = ConcreteMaskedNormal.from_mean(
+                mean.unsqueeze(-2) if vector else mean,
                 scale,
                 rate,
                 temperature=self.temperature,

@@ -151,7 +151,10 @@ class AutoVariationalDropout(AutoWeightGuide):
         event_dim = self._event_dims[name]
         if name not in self._weights:
             return dist.Normal(loc, self._get("scales", name)).to_event(event_dim)
-        # variance = (θ² + tiny) α = exp(log σ²) for alpha="weight", θ² α otherwise
+        if self.alpha == "weight":  # variance exp(log σ²); log α when a KL reads it
+            log_sigma2 = self._get("log_sigma2", name)
+            return LogAlphaNormal.from_log_variance(loc, log_sigma2).to_event(event_dim)
+        # variance (θ² + tiny) α
         return LogAlphaNormal(loc, self.log_alpha(name)).to_event(event_dim)
 
     @torch.no_grad()

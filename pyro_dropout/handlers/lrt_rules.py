@@ -109,16 +109,31 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
     return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
 
 
+def _concrete_mask_and_weight(fn, rate, shape):
+    """The keep mask of ``shape`` and the weight it multiplies: ``z`` and :math:`M`, or, for
+    a family built by :meth:`~pyro_dropout.ConcreteMaskedNormal.from_mean`, ``z / (1 - p)``
+    and the mean weight (the same product; :math:`M` itself, the whole weight divided by
+    :math:`1 - p`, is never formed: see ``from_mean``)."""
+    mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
+    if fn.mean_weight is None:
+        return mask, fn.loc
+    return mask * torch.reciprocal(1 - rate), fn.mean_weight
+
+
 @register_local_reparameterization(ConcreteMaskedNormal)
 def _lrt_concrete_masked_normal(fn, x, spec):
-    rate = fn.dropout_rate.select(-fn.event_dim, 0)  # batch + (in,) + (1,) * kernel dims
+    # The rates' shape is batch + (in,) + (1,) * kernel dims: every draw of the batch needs its
+    # own mask even where the rates are equal (one per layer), so masks take that shape, while
+    # the arithmetic runs on the rates without their broadcast dims.
+    full = fn.dropout_rate.shape
+    rate_shape = full[: len(full) - fn.event_dim] + full[len(full) - fn.event_dim + 1 :]
+    rate = fn._compact_rate.select(-fn.event_dim, 0)
     if isinstance(spec, LinearSpec) and spec.transposed:
         # Weight stored (in, out), used as x @ W: the mask zeroes output columns (see the
         # Bernoulli rule above).
-        mean = spec(x, fn.loc)
-        mask = concrete_keep_mask(
-            rate, fn.temperature, broadcast_shape(mean.shape, rate.shape), fn.relaxed
-        )
+        weight = fn.loc if fn.mean_weight is None else fn.mean_weight
+        mean = spec(x, weight)
+        mask, _ = _concrete_mask_and_weight(fn, rate, broadcast_shape(mean.shape, rate_shape))
         return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
     # One mask value per example and input unit; for a convolution per example and channel
     # (the rate's kernel dims are 1, so the mask broadcasts over positions).
@@ -131,11 +146,11 @@ def _lrt_concrete_masked_normal(fn, x, spec):
         # tile them over the groups; drawing C independent ones would decorrelate the groups.
         lead = x.shape[: x.dim() - spec.ndim - 1]
         rows = lead + (x.shape[-spec.ndim - 1] // spec.groups,) + (1,) * spec.ndim
-    shape = broadcast_shape(rows, rate.shape)
-    mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
+    shape = broadcast_shape(rows, rate_shape)
+    mask, weight = _concrete_mask_and_weight(fn, rate, shape)
     if isinstance(spec, ConvSpec) and spec.groups > 1:
         mask = mask.repeat((1,) * (mask.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim)
-    mean = spec(x * mask, fn.loc)
+    mean = spec(x * mask, weight)
     if isinstance(spec, LinearSpec):
         return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
     # A kernel is shared by all positions, so its slab noise σ ⊙ ε must be too: Flipout (one

@@ -2,6 +2,7 @@
 reference regulariser) and the gradient in the drop rate."""
 
 import math
+import warnings
 
 import pyro.distributions as dist
 import pytest
@@ -233,3 +234,90 @@ def test_rate_gradient_matches_a_score_function_estimate():
     se = math.hypot(path.std() / math.sqrt(n), sf.std() / math.sqrt(n))
     assert abs(path.mean() - sf.mean()) < 4 * se, (path.mean(), sf.mean(), se)
     assert abs(path.mean()) > 8 * se  # a non-trivial gradient
+
+
+# --------------------------------------------------------------------------------------------
+# from_mean: the family parameterised by its mean weight (what AutoConcreteDropout builds)
+# --------------------------------------------------------------------------------------------
+
+
+def _prior(kind, shape):
+    if kind == "zero":
+        return dist.Normal(0.0, 1.3).expand(shape).to_event(len(shape))
+    if kind == "shifted":
+        return dist.Normal(0.4 * torch.randn(shape), 0.9).to_event(len(shape))
+    if kind == "per-weight scale":
+        return dist.Normal(0.0, 0.5 + torch.rand(shape)).to_event(len(shape))
+    loc0 = torch.zeros(shape, requires_grad=True)  # "learned": zero now, not for good
+    return dist.Normal(loc0, 1.1).to_event(len(shape))
+
+
+@pytest.mark.parametrize("prior_kind", ["zero", "shifted", "per-weight scale", "learned"])
+@pytest.mark.parametrize("shape", [(6, 4), (3, 2, 3)], ids=["linear", "conv1d"])
+@pytest.mark.parametrize("per_unit", [False, True], ids=["layer rate", "unit rates"])
+def test_from_mean_is_the_family_with_loc_mean_over_keep(prior_kind, shape, per_unit):
+    """from_mean(m', σ, p) is ConcreteMaskedNormal(m' / (1 - p), σ, p): the same draws, density,
+    mean and KL, with the same gradients in m', p and a learned prior mean; for a prior mean that
+    is zero the KL skips the prior's mean, otherwise it keeps it (a shifted prior and a learned
+    one whose value is zero for now would be wrong without it)."""
+    seeded(1)
+    mean = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    rate_shape = (1, shape[1] if per_unit else 1) + (1,) * (len(shape) - 2)
+    rate = (0.1 + 0.6 * torch.rand(rate_shape, dtype=torch.float64)).requires_grad_()
+    prior = _prior(prior_kind, shape)
+    prior = dist.Normal(prior.base_dist.loc.double(), prior.base_dist.scale.double()).to_event(
+        len(shape)
+    )
+    a = ConcreteMaskedNormal.from_mean(mean, 0.1, rate, event_dim=len(shape))
+    b = ConcreteMaskedNormal(mean / (1 - rate), 0.1, rate, event_dim=len(shape))
+    assert a.mean_weight is not None and b.mean_weight is None
+    torch.testing.assert_close(a.mean, b.mean)
+    torch.testing.assert_close(a.loc, b.loc)
+    for draw in ("rsample", "sample"):
+        torch.manual_seed(5)
+        wa = getattr(a, draw)((3,))
+        torch.manual_seed(5)
+        torch.testing.assert_close(wa, getattr(b, draw)((3,)))
+    w = b.sample((2,))
+    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
+    leaves = [mean, rate] + [t for t in (prior.base_dist.loc,) if t.requires_grad]
+    kl_a, kl_b = kl_divergence(a, prior), kl_divergence(b, prior)
+    torch.testing.assert_close(kl_a, kl_b)
+    for ga, gb in zip(
+        torch.autograd.grad(kl_a, leaves), torch.autograd.grad(kl_b, leaves), strict=True
+    ):
+        torch.testing.assert_close(ga, gb)
+    big = a.expand((2,))
+    assert big.mean_weight.shape == (2,) + tuple(shape)
+    torch.testing.assert_close(kl_divergence(big, prior.expand((2,))), kl_b.expand(2))
+
+
+def test_a_traced_kl_treats_a_prior_mean_that_is_an_input_as_data():
+    """The KL skips a prior mean only where it is a constant of the trace: a prior mean passed
+    in (zero while tracing) is read at every call of the traced function."""
+    seeded(2)
+    mean, rate = torch.randn(5, 3), torch.tensor([[0.3]])
+
+    def kl(mean, loc0):
+        q = ConcreteMaskedNormal.from_mean(mean, 0.1, rate)
+        return kl_divergence(q, dist.Normal(loc0, 1.0).to_event(2))
+
+    def kl_constant_prior(mean):
+        return kl(mean, torch.zeros(5, 3))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's notice
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # as the compiled ELBO does
+        traced = torch.jit.trace(kl, (mean, torch.zeros(5, 3)))
+        traced_constant = torch.jit.trace(kl_constant_prior, (mean,))
+    shifted = torch.full((5, 3), 0.7)
+    torch.testing.assert_close(traced(mean, shifted), kl(mean, shifted))
+    assert not torch.isclose(kl(mean, shifted), kl(mean, torch.zeros(5, 3)))  # can fail
+    torch.testing.assert_close(traced_constant(mean), kl(mean, torch.zeros(5, 3)))
+    # the constant prior mean is gone from the graph: no (5, 3) subtraction
+    subs = [n for n in traced_constant.graph.nodes() if n.kind() == "aten::sub"]
+    assert not any(
+        list(n.output().type().sizes() or []) == [5, 3]
+        for n in subs
+        if isinstance(n.output().type(), torch._C.TensorType)
+    )

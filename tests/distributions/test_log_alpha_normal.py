@@ -85,3 +85,51 @@ def test_variance_stays_finite_at_theta_zero(dtype, sigma2):
     assert torch.isfinite(d.scale).all() and torch.isfinite(d.rsample((100,))).all()
     assert torch.isfinite(d.log_prob(torch.zeros_like(theta))).all()
     assert torch.isfinite(kl_divergence(d, ImproperLogUniform().expand((4,)))).all()
+
+
+@pytest.mark.parametrize("prior", ["normal", "log-uniform"])
+def test_from_log_variance_is_the_same_family_and_kl(prior):
+    """Built from log σ² (what AutoVariationalDropout learns): the variance is exp(log σ²),
+    log α = log σ² - log(θ² + tiny), and draws, densities and KL (Gaussian prior: from σ² and
+    log σ², never σ; log-uniform: from log α) and their gradients are those of the family built
+    from that log α."""
+    g = torch.Generator().manual_seed(4)
+    theta = torch.randn(5, 3, generator=g, dtype=torch.float64).requires_grad_()
+    log_var = torch.empty(5, 3, dtype=torch.float64).uniform_(-8, 1, generator=g)
+    log_var.requires_grad_()
+    tiny = torch.finfo(theta.dtype).tiny
+    a = LogAlphaNormal.from_log_variance(theta, log_var)
+    b = LogAlphaNormal(theta, log_var - torch.log(theta * theta + tiny))
+    assert a.log_variance is log_var and b.log_variance is None
+    torch.testing.assert_close(a.variance, log_var.exp())
+    for name in ("variance", "scale", "log_alpha", "mean", "stddev"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name))
+    w = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
+    torch.manual_seed(0)
+    draw = a.rsample((2,))
+    torch.manual_seed(0)
+    torch.testing.assert_close(draw, b.rsample((2,)))
+    if prior == "normal":
+        p = dist.Normal(0.3, 1.7).expand((5, 3))
+        plain = torch.distributions.kl_divergence(
+            torch.distributions.Normal(theta, log_var.exp().sqrt()), p
+        )
+    else:
+        p = ImproperLogUniform((5, 3))
+        plain = kl_divergence(b, p)
+    kl_a, kl_b = kl_divergence(a, p), kl_divergence(b, p)
+    torch.testing.assert_close(kl_a, kl_b)
+    torch.testing.assert_close(kl_a, plain)
+    grads = [torch.autograd.grad(k.sum(), [theta, log_var]) for k in (kl_a, plain)]
+    for ga, gb in zip(*grads, strict=True):
+        torch.testing.assert_close(ga, gb)
+    big = a.expand((2, 5, 3))
+    assert big.log_variance.shape == (2, 5, 3)
+    torch.testing.assert_close(big.variance, a.variance.expand(2, 5, 3))
+    torch.testing.assert_close(big.log_alpha, a.log_alpha.expand(2, 5, 3))
+
+
+def test_from_log_variance_validates_its_arguments():
+    with pytest.raises(ValueError, match="loc"):
+        LogAlphaNormal.from_log_variance(torch.tensor([float("nan")]), torch.zeros(1), True)

@@ -98,3 +98,34 @@ def test_channel_masks_are_exact_jointly_over_positions(estimator):
         + dists["bias"].rsample((R,))[:, :, None]
     )
     assert max_abs(mean_z(out.amax(-1), ref)) > 2 * Z
+
+
+@pytest.mark.parametrize("relaxed", [False, True], ids=["hard", "relaxed"])
+@pytest.mark.parametrize("kind", ["linear", "conv1d", "conv2d_groups"])
+def test_rule_of_a_family_built_from_its_mean_weight(kind, relaxed):
+    """``ConcreteMaskedNormal.from_mean`` (AutoConcreteDropout's family) runs the rule on the
+    mean weight with masks ``z / (1 - p)``: the same outputs, draw for draw, as the family built
+    from ``M = mean / (1 - p)``, with the same gradients, under a plate of draws too."""
+    layer, x = make_layer(kind)
+    base = _dists(layer, relaxed)
+    rate = base["weight"]._compact_rate
+    mean = (base["weight"].loc * (1 - rate)).detach().requires_grad_()
+    rate = rate.detach().requires_grad_()
+
+    def run(from_mean):
+        w = base["weight"]
+        if from_mean:
+            q = ConcreteMaskedNormal.from_mean(mean, 0.2, rate, w.temperature, relaxed, w.event_dim)
+        else:
+            q = ConcreteMaskedNormal(
+                mean / (1 - rate), 0.2, rate, w.temperature, relaxed, w.event_dim
+            )
+        pyro.set_rng_seed(3)
+        out = lrt_draws(layer, guide_from({"weight": q, "bias": base["bias"]}), x, 50)
+        return out, torch.autograd.grad(out.square().sum(), [mean, rate])
+
+    (out_a, grads_a), (out_b, grads_b) = run(True), run(False)
+    assert out_a.shape == out_b.shape
+    torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-5)
+    for ga, gb in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-4)
