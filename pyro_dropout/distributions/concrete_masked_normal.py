@@ -189,6 +189,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     #: The mean weight :math:`\mathbb E W = (1-p)M` where the family was built by
     #: :meth:`from_mean` (``batch_shape + event_shape``), else ``None``.
     mean_weight = None
+    _loc = None
 
     @classmethod
     def from_mean(
@@ -213,9 +214,25 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         rate = dropout_rate
         if not (torch.is_tensor(rate) and rate.dtype == mean.dtype and rate.device == mean.device):
             rate = torch.as_tensor(rate, dtype=mean.dtype, device=mean.device)
-        new = cls(mean / (1 - rate), scale, rate, temperature, relaxed, event_dim, **kwargs)
+        # Built (and validated) with the mean weight in M's place, for the shapes; M itself is
+        # computed when first read (an eager step that never reads it saves its division too).
+        shape = broadcast_shape(mean.shape, rate.shape)
+        new = cls(mean.expand(shape), scale, rate, temperature, relaxed, event_dim, **kwargs)
         new.mean_weight = mean.expand(new.batch_shape + new.event_shape)
+        new._loc = None
         return new
+
+    @property
+    def loc(self):
+        """:math:`M`, the weight when kept (for a family built by :meth:`from_mean`,
+        ``mean_weight / (1 - p)``, computed when first read)."""
+        if self._loc is None and self.mean_weight is not None:
+            self._loc = self.mean_weight / (1 - self.dropout_rate)
+        return self._loc
+
+    @loc.setter
+    def loc(self, value):
+        self._loc = value
 
     @property
     def mean(self):
@@ -229,7 +246,13 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(ConcreteMaskedNormal, _instance)
         batch_shape = torch.Size(batch_shape)
-        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new.mean_weight = None
+        if self.mean_weight is not None:
+            new.mean_weight = self.mean_weight.expand(batch_shape + self.event_shape)
+        if self._loc is None:  # from_mean's M, not read yet: new computes its own when read
+            new._loc = None
+        else:
+            new.loc = self.loc.expand(batch_shape + self.event_shape)
         new.scale = self.scale.expand(batch_shape + self.event_shape)
         new.dropout_rate = self.dropout_rate.expand(
             batch_shape + self.dropout_rate.shape[len(self.batch_shape) :]
@@ -237,8 +260,6 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         new._compact_rate = _compact(self._compact_rate, new.dropout_rate.dim())
         new.temperature = self.temperature
         new.relaxed = self.relaxed
-        if self.mean_weight is not None:
-            new.mean_weight = self.mean_weight.expand(batch_shape + self.event_shape)
         super(BernoulliMaskedNormal, new).__init__(
             batch_shape, self.event_shape, validate_args=False
         )

@@ -289,6 +289,9 @@ def test_from_mean_is_the_family_with_loc_mean_over_keep(prior_kind, shape, per_
         torch.testing.assert_close(ga, gb)
     big = a.expand((2,))
     assert big.mean_weight.shape == (2,) + tuple(shape)
+    torch.testing.assert_close(big.loc, b.loc.expand((2,) + tuple(shape)))
+    fresh = ConcreteMaskedNormal.from_mean(mean, 0.1, rate, event_dim=len(shape))
+    torch.testing.assert_close(fresh.expand((2,)).loc, b.loc.expand((2,) + tuple(shape)))
     torch.testing.assert_close(kl_divergence(big, prior.expand((2,))), kl_b.expand(2))
 
 
