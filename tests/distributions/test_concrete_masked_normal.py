@@ -309,7 +309,8 @@ def test_a_traced_kl_treats_a_prior_mean_that_is_an_input_as_data():
         return kl(mean, torch.zeros(5, 3))
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's notice
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace's notice (2.13)
+        warnings.simplefilter("ignore", FutureWarning)  # the same notice (2.14)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # as the compiled ELBO does
         traced = torch.jit.trace(kl, (mean, torch.zeros(5, 3)))
         traced_constant = torch.jit.trace(kl_constant_prior, (mean,))
