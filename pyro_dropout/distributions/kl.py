@@ -351,9 +351,9 @@ def kl_normal_normal(q, p):
     p_loc, p_scale = unexpand(p.loc), unexpand(p.scale)
     diff = q.loc - p_loc
     half_precision = 0.5 / (p_scale * p_scale)
-    if isinstance(q, LogAlphaNormal) and q.log_variance is not None:
-        # Variational dropout's family built from log σ² (LogAlphaNormal.from_log_variance):
-        # σ² and log σ are at hand, σ itself is never formed.
+    if isinstance(q, LogAlphaNormal):
+        # Variational dropout's family: σ² and log σ² are at hand, σ itself is never formed
+        # (and log σ keeps a finite gradient where σ² is denormal: LogAlphaNormal.log_variance).
         kl = (q.variance + diff * diff) * half_precision - 0.5 * q.log_variance
         kl = kl + (p_scale.log() - 0.5)
     elif q.scale.requires_grad:  # a learned scale: the fewest operations in all

@@ -100,7 +100,8 @@ def test_from_log_variance_is_the_same_family_and_kl(prior):
     tiny = torch.finfo(theta.dtype).tiny
     a = LogAlphaNormal.from_log_variance(theta, log_var)
     b = LogAlphaNormal(theta, log_var - torch.log(theta * theta + tiny))
-    assert a.log_variance is log_var and b.log_variance is None
+    assert a.log_variance is log_var
+    torch.testing.assert_close(b.log_variance, log_var)
     torch.testing.assert_close(a.variance, log_var.exp())
     for name in ("variance", "scale", "log_alpha", "mean", "stddev"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name))
@@ -133,3 +134,18 @@ def test_from_log_variance_is_the_same_family_and_kl(prior):
 def test_from_log_variance_validates_its_arguments():
     with pytest.raises(ValueError, match="loc"):
         LogAlphaNormal.from_log_variance(torch.tensor([float("nan")]), torch.zeros(1), True)
+
+
+def test_kl_gradient_is_finite_where_the_variance_is_denormal():
+    """theta = 0 with a layer's log alpha (a weight vector that starts at zero): the variance
+    alpha * tiny is denormal in float32, and the Normal-prior KL must keep finite gradients
+    (through log sigma^2, not log of its square root). Measured before: nan for theta, inf for
+    log alpha, so fit's second step had a nan loss."""
+    theta = torch.zeros(16, requires_grad=True)
+    log_alpha = torch.full((16,), -6.0, requires_grad=True)
+    q = LogAlphaNormal(theta, log_alpha)
+    assert q.variance.max() < torch.finfo(torch.float32).tiny  # denormal: the case at hand
+    kl = kl_divergence(q, dist.Normal(0.0, 1.0).expand((16,))).sum()
+    g_theta, g_log_alpha = torch.autograd.grad(kl, [theta, log_alpha])
+    assert torch.isfinite(g_theta).all() and torch.isfinite(g_log_alpha).all()
+    torch.testing.assert_close(g_log_alpha, torch.full((16,), -0.5), atol=1e-6, rtol=0)
