@@ -129,3 +129,32 @@ def test_rule_of_a_family_built_from_its_mean_weight(kind, relaxed):
     torch.testing.assert_close(out_a, out_b, rtol=1e-5, atol=1e-5)
     for ga, gb in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("relaxed", [False, True], ids=["hard", "relaxed"])
+def test_rule_of_a_family_built_from_its_mean_weight_used_as_x_at_w(relaxed):
+    """A weight stored (in, out) and used as ``x @ W`` (masks on the output columns): the
+    family built from its mean weight gives the rule's mean and variance, and their gradients,
+    of the family built from ``M = mean / (1 - p)``."""
+    from pyro_dropout.handlers.lrt_rules import _lrt_concrete_masked_normal
+    from pyro_dropout.nn.functional import LinearSpec
+
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randn(5, 7, generator=g, dtype=torch.float64).requires_grad_()
+    rate = (0.1 + 0.5 * torch.rand(1, 7, generator=g, dtype=torch.float64)).requires_grad_()
+    x = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    outs = []
+    for from_mean in (True, False):
+        if from_mean:
+            q = ConcreteMaskedNormal.from_mean(mean, 0.1, rate, relaxed=relaxed)
+        else:
+            q = ConcreteMaskedNormal(mean / (1 - rate), 0.1, rate, relaxed=relaxed)
+        torch.manual_seed(1)
+        r = _lrt_concrete_masked_normal(q, x, LinearSpec(transposed=True))
+        loss = (r.mean**2).sum() + r.var.sum()
+        outs.append((r.mean, r.var, torch.autograd.grad(loss, [mean, rate])))
+    (m_a, v_a, g_a), (m_b, v_b, g_b) = outs
+    torch.testing.assert_close(m_a, m_b)
+    torch.testing.assert_close(v_a, v_b)
+    for a, b in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(a, b)
