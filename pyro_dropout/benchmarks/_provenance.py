@@ -11,15 +11,22 @@ from pathlib import Path
 import pyro
 import torch
 
+#: What "dirty" looks at: the code and its requirements. Why not the whole tree: a long run
+#: writes result files (a summary, a page) into the checkout, and the next run of a queue
+#: would record "+dirty" for numbers its code did not change (measured: two UCI runs of
+#: 2026-11-27 started right after another run's summary was written).
+CODE_PATHS = (":/pyro_dropout", ":/pyproject.toml")
 
-def git_state():
+
+def git_state(root=None):
     """``{"commit": HEAD or None, "dirty": bool or None}`` of the checkout holding this package
     (None when it is not a git checkout, e.g. an installed wheel, or git is missing).
+    ``dirty``: whether a tracked file of the code (:data:`CODE_PATHS`) differs from HEAD.
 
     A copy of the tree made elsewhere (a GPU machine's, whose ``.git``, if any, need not match
     the files) names its commit through the environment variable ``PYRO_DROPOUT_COMMIT``,
     which wins over git and is recorded with ``"dirty": None``."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent if root is None else Path(root)
     named = os.environ.get("PYRO_DROPOUT_COMMIT")
     if named:
         return {"commit": named, "dirty": None}
@@ -31,7 +38,7 @@ def git_state():
         if head.returncode != 0:
             return fallback
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             cwd=root,
             capture_output=True,
             text=True,

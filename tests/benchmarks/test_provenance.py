@@ -51,3 +51,32 @@ def test_a_copy_names_its_commit_through_the_environment(monkeypatch):
     monkeypatch.setattr(subprocess, "run", not_a_repo)
     monkeypatch.setenv("PYRO_DROPOUT_COMMIT", "0123abc")
     assert _provenance.git_state() == {"commit": "0123abc", "dirty": None}
+
+
+def test_dirty_means_the_code_differs_not_the_results(tmp_path, monkeypatch):
+    """A run that writes results into the checkout does not make the next run's code "dirty";
+    a changed source file does."""
+    monkeypatch.delenv("PYRO_DROPOUT_COMMIT", raising=False)
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.org")
+    git("config", "user.name", "ci")
+    (tmp_path / "pyro_dropout").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "pyro_dropout" / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "summary.json").write_text("{}\n")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    package = tmp_path / "pyro_dropout"
+    assert _provenance.git_state(package)["dirty"] is False
+    (tmp_path / "results" / "summary.json").write_text('{"rows": 1}\n')
+    assert _provenance.git_state(package)["dirty"] is False
+    (tmp_path / "pyro_dropout" / "code.py").write_text("x = 2\n")
+    assert _provenance.git_state(package)["dirty"] is True
+    git("checkout", "-q", "--", "pyro_dropout")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert _provenance.git_state(package)["dirty"] is True
