@@ -163,13 +163,58 @@ def _drop_broadcasts(graph):
     return dropped
 
 
+#: Ops whose output may share memory with an input (an in-place write to it writes there too).
+_VIEW_KINDS = frozenset(
+    {
+        "aten::expand",
+        "aten::expand_as",
+        "aten::reshape",
+        "aten::view",
+        "aten::select",
+        "aten::slice",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::t",
+        "aten::transpose",
+        "aten::permute",
+        "aten::narrow",
+        "aten::as_strided",
+        "aten::detach",
+        "aten::alias",
+        "aten::to",
+        "aten::contiguous",
+        "prim::ListConstruct",
+        "prim::ListUnpack",
+        "aten::broadcast_tensors",
+    }
+)
+
+
+def _written_in_place(value, seen=None):
+    """Whether an in-place op writes to ``value`` or to a view of it."""
+    seen = set() if seen is None else seen
+    if value.unique() in seen:
+        return False
+    seen.add(value.unique())
+    for use in value.uses():
+        user = use.user
+        if user.kind().endswith("_"):
+            return True
+        if user.kind() in _VIEW_KINDS:
+            if any(_written_in_place(out, seen) for out in user.outputs()):
+                return True
+    return False
+
+
 def _drop_identities(graph):
     """Replace each op that returns one of its inputs unchanged (an ``expand``/``reshape``/
-    ``to`` to the type it has, ``x + 0``, ``x * 1``, the ``sum`` of a scalar) by that input."""
+    ``to`` to the type it has, ``x + 0``, ``x * 1``, the ``sum`` of a scalar) by that input,
+    unless its result is written in place (then it is a copy the write must not reach the
+    input through)."""
     dropped = 0
     for node in list(graph.nodes()):
         source = _identity_input(node)
-        if source is None:
+        if source is None or _written_in_place(node.output()):
             continue
         node.output().replaceAllUsesWith(source)
         node.destroy()
@@ -192,6 +237,11 @@ def _can_move_before(node, target):
     for value in node.inputs():
         source = value.node()
         if source.kind() != "prim::Param" and not source.isBefore(target):
+            return False
+    # An in-place op between the two places could write to what the node reads (through an
+    # alias the graph does not show): moving the node would read the value before the write.
+    for other in node.owningBlock().nodes():
+        if other.kind().endswith("_") and not other.isBefore(target) and other.isBefore(node):
             return False
     return True
 

@@ -218,3 +218,31 @@ def test_a_bias_computed_after_its_linear_moves_before_it_unless_it_draws():
     grads = torch.autograd.grad(out, [w, s]), torch.autograd.grad(ref, [w, s])
     for a, r in zip(*grads, strict=True):
         torch.testing.assert_close(a, r)
+
+
+def test_a_bias_is_not_moved_across_an_in_place_write():
+    """Between the linear and the bias's computation an in-place op writes to the tensor the
+    bias reads: moving the bias earlier would read the old value, so it stays (and the result
+    is the traced function's). The written tensor is a copy (``s * 1.0``), which is not
+    dropped as an identity."""
+
+    def fn(x, w, s):
+        t = s * 1.0
+        out = torch.nn.functional.linear(x, w)
+        t.mul_(3.0)  # written after the linear, read by the bias below
+        return (out + t * t).sum()
+
+    x, w = torch.randn(4, 3), torch.randn(5, 3, requires_grad=True)
+    s = torch.rand(5, requires_grad=True)
+    t = _trace(fn, x, w, s)
+    out, ref = t(x, w, s), fn(x, w, s)
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out, [w, s]), torch.autograd.grad(ref, [w, s])
+    for a, r in zip(*grads, strict=True):
+        torch.testing.assert_close(a, r)
+    # ``s * 1.0`` is a copy that the write must not reach s through (dropping it as an
+    # identity would write to the caller's tensor)
+    data = torch.rand(5)
+    before = data.clone()
+    torch.testing.assert_close(t(x, w, data), fn(x, w, before.clone()))
+    assert torch.equal(data, before)
