@@ -2,7 +2,7 @@
 
 import torch
 
-__all__ = ["broadcast_shape", "unexpand"]
+__all__ = ["broadcast_shape", "is_uniform", "unexpand"]
 
 
 def unexpand(t):
@@ -14,6 +14,11 @@ def unexpand(t):
         for s, n in zip(t.stride(), t.shape, strict=True)
     )
     return t[index]
+
+
+def is_uniform(t):
+    """Whether ``t`` holds one value broadcast (a scalar prior's scale, say)."""
+    return unexpand(t).numel() == 1
 
 
 def broadcast_shape(*shapes):

@@ -23,7 +23,15 @@ PACKAGE = "pyro_dropout"
 #: that is its name or a package above it; the bare package name only matches the package's
 #: own ``__init__`` (the public API). A module may import its own layer and the layers below.
 LAYERS = (
-    ("base", ("pyro_dropout._broadcast", "pyro_dropout._checks", "pyro_dropout._version")),
+    (
+        "base",
+        (
+            "pyro_dropout._broadcast",
+            "pyro_dropout._checks",
+            "pyro_dropout._trace",
+            "pyro_dropout._version",
+        ),
+    ),
     ("datasets", ("pyro_dropout.datasets",)),
     ("distributions", ("pyro_dropout.distributions",)),
     ("nn", ("pyro_dropout.nn",)),

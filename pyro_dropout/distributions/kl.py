@@ -15,7 +15,8 @@ import torch
 from torch.distributions import Gamma, Independent, Normal, TransformedDistribution, register_kl
 from torch.distributions.transforms import AffineTransform, ComposeTransform, ExpTransform
 
-from .._broadcast import broadcast_shape, unexpand
+from .._broadcast import broadcast_shape, is_uniform, unexpand
+from .._trace import known_zero
 from .bernoulli_masked_normal import BernoulliMaskedNormal
 from .concrete_masked_normal import ConcreteMaskedNormal
 from .improper_log_uniform import ImproperLogUniform
@@ -99,54 +100,6 @@ def kl_bernoulli_masked_normal_normal(q, p):
     return _squeeze_event(kl, q.event_dim, batch_shape)
 
 
-def _is_uniform(t):
-    return unexpand(t).numel() == 1
-
-
-#: Kinds of TorchScript nodes that draw random numbers: their values are not constants.
-_RANDOM_KINDS = ("rand", "normal", "bernoulli", "uniform", "poisson", "multinomial", "exponential")
-
-
-def _traced_constant(t):
-    """Whether ``t``, in the trace being recorded, is computed from constants only (no input
-    of the trace, no random draw): its value is then baked into the graph, so branching on it
-    is exactly as valid as the trace itself."""
-    try:
-        # Private API (torch.jit's tracer): where it is missing or moved, say "cannot tell".
-        todo, seen = [torch._C._get_value_trace(t)], set()
-    except Exception:
-        return False
-    while todo:
-        value = todo.pop()
-        if value.unique() in seen:
-            continue
-        seen.add(value.unique())
-        kind = value.node().kind()
-        if kind == "prim::Param" or any(r in kind for r in _RANDOM_KINDS):
-            return False
-        todo.extend(value.node().inputs())
-    return True
-
-
-def _known_zero(t):
-    """Whether ``t`` is zero everywhere and no gradient or later input can change that: a
-    prior's mean, say, for which a KL can skip a pass over the weight. ``False`` when it cannot
-    tell cheaply (a tensor that requires grad, an input of a trace, a tensor on an accelerator
-    outside a trace, where reading it would synchronise every step)."""
-    if t.requires_grad:
-        return False
-    if torch.jit.is_tracing():
-        if not _traced_constant(t):
-            return False
-        state = torch._C._get_tracing_state()
-        torch._C._set_tracing_state(None)  # read a constant's value without recording it
-        try:
-            return not bool(t.any())
-        finally:
-            torch._C._set_tracing_state(state)
-    return t.device.type == "cpu" and not bool(t.any())
-
-
 def _sum_as_expanded(t, shape, dims):
     """Sum ``t`` over ``dims`` (negative, keepdim) as if it were first expanded to ``shape``."""
     t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape))
@@ -228,7 +181,7 @@ def kl_concrete_masked_normal_normal(q, p):
     rate = q._compact_rate
     keep = 1 - rate
     fixed = const + (torch.xlogy(rate, rate) + torch.xlogy(keep, keep))
-    zero_prior_mean = _known_zero(loc0)
+    zero_prior_mean = known_zero(loc0)
     if not zero_prior_mean:
         fixed = fixed + rate * _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)
     if q.mean_weight is None:
@@ -239,7 +192,7 @@ def kl_concrete_masked_normal_normal(q, p):
         # on-component's (1 - p) ||M - m0||² is ||m' - (1 - p) m0||² / (1 - p), and M is
         # never formed (see from_mean).
         centred = q.mean_weight if zero_prior_mean else q.mean_weight - keep * loc0
-        if _is_uniform(scale0):  # one prior scale: divide the sums, not every weight
+        if is_uniform(scale0):  # one prior scale: divide the sums, not every weight
             on = _sum_as_expanded(centred**2, full, group_dims)
             per_group = on * ((0.5 / scale0.reshape(-1)[0] ** 2) / keep) + fixed
         else:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 from torch.distributions import Distribution, Independent, Normal
 
-from .._broadcast import broadcast_shape
+from .._broadcast import broadcast_shape, is_uniform
 from ..distributions import BernoulliMaskedNormal, ConcreteMaskedNormal, concrete_keep_mask
 from ..nn.functional import ConvSpec, LinearSpec, unexpand
 from .registry import register_local_reparameterization
@@ -56,13 +56,9 @@ def sample_gaussian_preactivation(mean, var, batch=()):
     return mean + var.clamp_min(VARIANCE_FLOOR).sqrt() * eps
 
 
-def _is_uniform(t):
-    return unexpand(t).numel() == 1
-
-
 def _noise_variance(x, scale, spec):
     """``op(x², σ²)``; for a Linear layer with one shared σ it is ``σ² Σ_i x_i²``."""
-    if _is_uniform(scale) and isinstance(spec, LinearSpec) and not spec.vector:
+    if is_uniform(scale) and isinstance(spec, LinearSpec) and not spec.vector:
         return scale.reshape(-1)[0] ** 2 * (x * x).sum(-1, keepdim=True)
     return spec(x * x, scale * scale)
 

@@ -20,6 +20,8 @@ produced its operand.
 
 import torch
 
+from .._trace import RANDOM_KINDS
+
 __all__ = ["count_ops", "simplify"]
 
 #: Ops that return their input (or an alias of it with the same shape and strides) when the
@@ -222,17 +224,13 @@ def _drop_identities(graph):
     return dropped
 
 
-#: Kinds that draw random numbers (moving one would reorder the random stream).
-_RANDOM_KINDS = ("rand", "normal", "bernoulli", "uniform", "poisson", "multinomial", "dropout")
-
-
 def _can_move_before(node, target):
     """Whether ``node`` (a pure op with one output, all of whose inputs are defined before
     ``target``) can move to just before ``target`` without changing what the graph computes."""
     kind = node.kind()
     if not kind.startswith("aten::") or kind.endswith("_") or node.outputsSize() != 1:
         return False
-    if any(r in kind for r in _RANDOM_KINDS):
+    if any(r in kind for r in RANDOM_KINDS):
         return False
     for value in node.inputs():
         source = value.node()
