@@ -157,13 +157,16 @@ def test_one_eager_pass_per_chunk_is_the_previous_evaluate(yacht, guide):
     tau, m, n = eval_tau(), len(eval_tau()), xt.shape[1]
     width = xt.shape[-1] + sum(layer.out_features for layer in model.layers)
     assert m * n * width <= uci_model._CHUNK_BUDGET  # one block of rows: the previous loop
-    ev = uci_model.evaluate(model, g, xt, yt, per, mean, std, tau, 300, seed=5, jit=False)
+    ev = uci_model.evaluate(
+        model, g, xt, yt, per, mean, std, tau, 300, seed=5, jit=False, draws="examples"
+    )
     rmse, ll = _previous_evaluate(model, g, xt, yt, per, mean, std, tau, 300, seed=5)
     assert torch.equal(ev.rmse, rmse) and torch.equal(ev.ll, ll)
 
 
+@pytest.mark.parametrize("draws", uci_model.MC_DRAWS)
 @pytest.mark.parametrize("guide", ["dropout", "meanfield"])
-def test_blocked_compiled_draws_have_the_full_pass_distribution(yacht, guide):
+def test_blocked_compiled_draws_have_the_full_pass_distribution(yacht, guide, draws):
     """Per member and test row: mean and variance of 1500 predictive draws agree (within 5
     standard errors) between full eager passes and compiled passes over 3 blocks of rows; the
     metrics of the blocked run follow ``Prediction``'s formulas."""
@@ -175,9 +178,11 @@ def test_blocked_compiled_draws_have_the_full_pass_distribution(yacht, guide):
     rows = math.ceil(n / 3)
     assert uci_model._eval_blocks(m, n, width, t, m * width * rows) == (rows, 1)
     args = (model, g, xt, yt, per, mean, std, tau, t)
-    full = uci_model.evaluate(*args, seed=1, keep_samples=True, jit=False, budget=2**40)
+    full = uci_model.evaluate(
+        *args, seed=1, keep_samples=True, jit=False, budget=2**40, draws=draws
+    )
     blocked = uci_model.evaluate(
-        *args, seed=2, keep_samples=True, jit=True, budget=m * width * rows
+        *args, seed=2, keep_samples=True, jit=True, budget=m * width * rows, draws=draws
     )
     a, b = full.samples.flatten(1), blocked.samples.flatten(1)  # (T, M·N)
     assert _z(a, b) < 5
@@ -192,3 +197,59 @@ def test_blocked_compiled_draws_have_the_full_pass_distribution(yacht, guide):
         torch.testing.assert_close(blocked.ll[k], pred.log_likelihood(y_members[k]).mean())
         rmse = ((pred.mean[:, 0] - y_members[k]) ** 2).mean().sqrt()
         torch.testing.assert_close(blocked.rmse[k], rmse)
+
+
+def _duplicated_rows(xt, yt, at):
+    """The test rows with row 0 copied to position ``at`` (a row of another block)."""
+    x2, y2 = xt.clone(), yt.clone()
+    x2[:, at], y2[:, at] = xt[:, 0], yt[:, 0]
+    return x2, y2
+
+
+@pytest.mark.parametrize("guide", ["dropout", "meanfield", "vd", "concrete"])
+def test_weight_draws_apply_one_draw_to_every_row_of_a_pass(yacht, guide):
+    """Two copies of one input row, in different blocks of rows: with ``draws="weights"`` every
+    pass predicts the same value for both (one weight draw for the whole pass, shared by the
+    blocks), with ``draws="examples"`` the copies get their own draws."""
+    model, g, eval_tau, (x, y), (xt, yt, mean, std), per = _build(yacht, guide)
+    uci_model.train(model, g, x, y, per, 2, lr=1e-2, seed=0)
+    tau, n = eval_tau(), xt.shape[1]
+    m = len(tau)
+    width = xt.shape[-1] + sum(layer.out_features for layer in model.layers)
+    x2, y2 = _duplicated_rows(xt, yt, n - 1)
+    budget = m * width * math.ceil(n / 3)  # three blocks: row 0 and row n-1 in different ones
+    for jit in (False, True):
+        args = (model, g, x2, y2, per, mean, std, tau, 40)
+        w = uci_model.evaluate(*args, keep_samples=True, jit=jit, budget=budget, draws="weights")
+        e = uci_model.evaluate(*args, keep_samples=True, jit=jit, budget=budget, draws="examples")
+        torch.testing.assert_close(w.samples[..., 0], w.samples[..., n - 1])
+        assert (e.samples[..., 0] - e.samples[..., n - 1]).abs().min() > 0
+        assert w.samples[:, :, 0].std(0).min() > 0  # and the passes differ
+
+
+@pytest.mark.parametrize("guide", ["dropout", "meanfield", "vd", "concrete"])
+def test_weight_and_example_draws_agree_in_distribution(yacht, guide):
+    """Per member and test row, the mean and variance of 2000 predictive draws agree (within 5
+    standard errors) between ``draws="weights"`` and ``draws="examples"``; so do the members'
+    LL and RMSE, over 8 seeds of 250 passes each (the issue's "numbers must not move")."""
+    model, g, eval_tau, (x, y), (xt, yt, mean, std), per = _build(yacht, guide)
+    uci_model.train(model, g, x, y, per, 3, lr=1e-2, seed=0)
+    tau = eval_tau()
+    args = (model, g, xt, yt, per, mean, std, tau)
+    a = uci_model.evaluate(*args, 2000, seed=1, keep_samples=True, draws="weights")
+    b = uci_model.evaluate(*args, 2000, seed=2, keep_samples=True, draws="examples")
+    a, b = a.samples.flatten(1), b.samples.flatten(1)
+    assert _z(a, b) < 5
+    se = (((a - a.mean(0)) ** 4).mean(0) / len(a) + ((b - b.mean(0)) ** 4).mean(0) / len(b)).sqrt()
+    assert float(((a.var(0) - b.var(0)).abs() / se).max()) < 5
+    metrics = {}
+    for draws in uci_model.MC_DRAWS:
+        runs = [uci_model.evaluate(*args, 250, seed=10 + s, draws=draws) for s in range(8)]
+        metrics[draws] = torch.stack([torch.cat([r.ll, r.rmse]) for r in runs])
+    assert _z(metrics["weights"], metrics["examples"]) < 5
+
+
+def test_unknown_draws_are_refused(yacht):
+    model, g, eval_tau, _, (xt, yt, mean, std), per = _build(yacht, "dropout")
+    with pytest.raises(ValueError, match="draws must be one of"):
+        uci_model.evaluate(model, g, xt, yt, per, mean, std, eval_tau(), 5, draws="rows")

@@ -156,6 +156,26 @@ def test_resume_reuses_a_finished_validation_phase(data_dir, tmp_path):
     assert json.loads((unit_dir / "split_0.json").read_text())["status"] == "done"
 
 
+def test_units_from_before_mc_draws_resume_as_per_example_draws(data_dir, tmp_path):
+    """Units written before ``--mc-draws`` existed drew per example: they resume (and are
+    summarised) as ``examples``, and a run with the default weight draws refuses to mix."""
+    out = tmp_path / "uci"
+    argv = ["--data-dir", str(data_dir), "--datasets", "yacht", "--guides", "vd"]
+    argv += ["--out", str(out), "--quick", "--splits", "0", "--epochs", "2", "--quiet"]
+    uci.main(argv + ["--mc-draws", "examples"])
+    unit_dir = out / "units" / "yacht" / "vd"
+    for path in unit_dir.glob("*.json"):  # as written by the previous version
+        rec = json.loads(path.read_text())
+        assert rec["settings"].pop("mc_draws") == "examples"
+        path.write_text(json.dumps(rec))
+    mtimes = {p: p.stat().st_mtime_ns for p in unit_dir.glob("*.json")}
+    again = uci.main(argv + ["--resume", "--mc-draws", "examples"])
+    assert {p: p.stat().st_mtime_ns for p in unit_dir.glob("*.json")} == mtimes
+    assert again["datasets"]["yacht"]["guides"]["vd"]["settings"]["mc_draws"] == "examples"
+    with pytest.raises(RuntimeError, match="mc_draws: 'examples' -> 'weights'"):
+        uci.main(argv + ["--resume"])
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -54,6 +54,15 @@ def _parser():
     p.add_argument(
         "--val-mc-samples", type=int, default=None, help="validation passes (default: --mc-samples)"
     )
+    p.add_argument(
+        "--mc-draws",
+        choices=um.MC_DRAWS,
+        default="weights",
+        help="what one Monte-Carlo pass draws: one weight sample applied to every row "
+        "(default; 5x faster) or fresh pre-activations per row (local reparameterisation, "
+        "Keras' per-example masks; the units of runs before this option). The same "
+        "predictive distribution for every row; recorded in each unit",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--split-batch", type=int, default=0, help="splits per batched model (0: all)")

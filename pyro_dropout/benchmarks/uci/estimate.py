@@ -58,6 +58,7 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
                 y_std.repeat_interleave(per),
                 eval_tau(),
                 probe,
+                draws=settings["mc_draws"],
             )
             timed = probe - ev.compile_samples  # samples drawn by already-traced graphs
             if timed > 0:

@@ -156,6 +156,7 @@ def protocol(ds, guide, args):
         "lr": args.lr,
         "mc_samples": args.mc_samples,
         "val_mc_samples": args.val_mc_samples,
+        "mc_draws": args.mc_draws,
         "n_hidden": ds.n_hidden,
         "length_scale": um.LENGTH_SCALE,
         "quick": bool(args.quick),

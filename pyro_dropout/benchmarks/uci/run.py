@@ -87,6 +87,7 @@ def _fit_and_evaluate(
         tau_factors=um.TAU_CALIBRATION_FACTORS
         if validation and um.GUIDES[guide].calibrate_noise
         else None,
+        draws=settings["mc_draws"],
     )
     if guide in um.HETERO_BASE:  # no τ: record the precision of the mean predicted noise
         tau_learned = ev.tau.clone()

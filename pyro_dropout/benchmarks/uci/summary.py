@@ -14,7 +14,7 @@ import numpy as np
 from .. import uci_model as um
 from ..uci_published import PUBLISHED, PUBLISHED_COLUMNS
 from .protocol import FULL_MC_SAMPLES
-from .units import _read_json, _unit_dir, commit_label
+from .units import _read_json, _unit_dir, commit_label, recorded_settings
 
 
 def _mean_se(values):
@@ -54,8 +54,8 @@ def summarize(out, datasets, guides):
             recs = [r for r in recs if r.get("status") == "done"]
             if not recs:
                 continue
-            settings = recs[0]["settings"]
-            if any(r["settings"] != settings for r in recs):
+            settings = recorded_settings(recs[0])
+            if any(recorded_settings(r) != settings for r in recs):
                 raise RuntimeError(
                     f"{_unit_dir(out, ds.name, guide)} mixes units run with different settings"
                 )

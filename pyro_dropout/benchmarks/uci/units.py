@@ -60,9 +60,18 @@ def _unit_dir(out, dataset, guide):
     return Path(out) / "units" / dataset / guide
 
 
+#: Settings added after units were written, with the value those units used.
+_SETTINGS_BEFORE = {"mc_draws": "examples"}
+
+
+def recorded_settings(record):
+    """A unit's settings, with the value of any setting its version did not record yet."""
+    return {**_SETTINGS_BEFORE, **record.get("settings", {})}
+
+
 def _check_settings(path, record, settings):
-    if record.get("settings") != settings:
-        old, new = record.get("settings", {}), settings
+    if recorded_settings(record) != settings:
+        old, new = recorded_settings(record), settings
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
         raise RuntimeError(
