@@ -60,12 +60,13 @@ def concrete_keep_mask(dropout_rate, temperature, shape, relaxed=True):
     if not relaxed:
         return (u >= rate).to(rate.dtype)
     # keep = 1 - sigmoid(a / t) = sigmoid(-a / t) (no cancellation near keep = 0), with
-    # a = logit p + logit u. The big tensor's part (logit u, clamped: rand can return exactly
-    # 0) needs no gradient, so it is scaled in place and only the sum and the sigmoid are
-    # differentiated per element (this mask is in every training step).
+    # a = logit p + logit u. Per element: logit u (clamped: rand can return exactly 0), one
+    # add that also scales it (``alpha``: one pass where a scale and an add take two) and the
+    # sigmoid; this mask is in every training step.
     # (logit p is one operation where log p - log(1 - p) is four: it runs per layer and step.)
-    noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps).mul_(-1.0 / temperature)
-    return torch.sigmoid(torch.logit(rate) * (-1.0 / temperature) + noise)
+    scale = -1.0 / temperature
+    noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps)
+    return torch.sigmoid(torch.add(torch.logit(rate) * scale, noise, alpha=scale))
 
 
 def _compact(rate, ndim):

@@ -144,10 +144,19 @@ def _lrt_concrete_masked_normal(fn, x, spec):
         lead = x.shape[: x.dim() - spec.ndim - 1]
         rows = lead + (x.shape[-spec.ndim - 1] // spec.groups,) + (1,) * spec.ndim
     shape = broadcast_shape(rows, rate_shape)
-    mask, weight = _concrete_mask_and_weight(fn, rate, shape)
+    unit_dim = -1 if isinstance(spec, LinearSpec) else -1 - spec.ndim
+    if fn.mean_weight is not None and rate.shape[unit_dim] == 1:
+        # One rate for all input units (one per layer): (x ⊙ z / (1 - p)) W = ((x ⊙ z) W) / (1 - p),
+        # so the factor scales the output (out values per example) rather than the mask.
+        mask, weight = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed), fn.mean_weight
+        out_scale = torch.reciprocal(1 - rate)
+    else:
+        (mask, weight), out_scale = _concrete_mask_and_weight(fn, rate, shape), None
     if isinstance(spec, ConvSpec) and spec.groups > 1:
         mask = mask.repeat((1,) * (mask.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim)
     mean = spec(x * mask, weight)
+    if out_scale is not None:
+        mean = mean * out_scale
     if isinstance(spec, LinearSpec):
         return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
     # A kernel is shared by all positions, so its slab noise σ ⊙ ε must be too: Flipout (one

@@ -100,15 +100,19 @@ def test_channel_masks_are_exact_jointly_over_positions(estimator):
     assert max_abs(mean_z(out.amax(-1), ref)) > 2 * Z
 
 
+@pytest.mark.parametrize("rates", ["per_unit", "per_layer"])
 @pytest.mark.parametrize("relaxed", [False, True], ids=["hard", "relaxed"])
 @pytest.mark.parametrize("kind", ["linear", "conv1d", "conv2d_groups"])
-def test_rule_of_a_family_built_from_its_mean_weight(kind, relaxed):
+def test_rule_of_a_family_built_from_its_mean_weight(kind, relaxed, rates):
     """``ConcreteMaskedNormal.from_mean`` (AutoConcreteDropout's family) runs the rule on the
-    mean weight with masks ``z / (1 - p)``: the same outputs, draw for draw, as the family built
-    from ``M = mean / (1 - p)``, with the same gradients, under a plate of draws too."""
+    mean weight with masks ``z / (1 - p)`` (one rate per layer: masks ``z`` and the output
+    scaled by ``1 / (1 - p)``): the same outputs, draw for draw, as the family built from
+    ``M = mean / (1 - p)``, with the same gradients, under a plate of draws too."""
     layer, x = make_layer(kind)
     base = _dists(layer, relaxed)
     rate = base["weight"]._compact_rate
+    if rates == "per_layer":
+        rate = torch.full((1,) * rate.dim(), 0.3)
     mean = (base["weight"].loc * (1 - rate)).detach().requires_grad_()
     rate = rate.detach().requires_grad_()
 
