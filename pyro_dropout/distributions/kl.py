@@ -273,7 +273,9 @@ def kl_normal_log_uniform(q, p=None, approximation=None):
     else:
         tiny = torch.finfo(q.loc.dtype).tiny
         log_alpha = 2 * torch.log(q.scale) - torch.log(q.loc**2 + tiny)
-    log_alpha = log_alpha.clamp(*LOG_ALPHA_RANGE)
+    # hardtanh is this clamp with a one-pass backward (clamp's compares twice and selects):
+    # one pass fewer over every weight, every step.
+    log_alpha = torch.nn.functional.hardtanh(log_alpha, *LOG_ALPHA_RANGE)
     kl = -fn(log_alpha)
     if p is not None:
         kl = kl.expand(broadcast_shape(kl.shape, p.batch_shape))
