@@ -40,6 +40,7 @@ from .. import (
 from ..guides import init_to_glorot
 from ..infer import CompiledSVI, JitMeanFieldELBO, MeanFieldELBO, fused_adam, traced
 from ..nn import HeteroscedasticGaussianLikelihood
+from . import uci_fused
 
 __all__ = [
     "GUIDES",
@@ -461,6 +462,9 @@ class FitStats:
     compile_s: float = 0.0
     warm_steps: int = 0
     jit: bool = False
+    #: What computed the loss: ``"fused"`` (:mod:`~pyro_dropout.benchmarks.uci_fused`'s
+    #: kernels), ``"traced"`` (``JitMeanFieldELBO``) or ``"eager"`` (``MeanFieldELBO``).
+    engine: str = "traced"
 
     @property
     def steps_per_s(self):
@@ -480,6 +484,7 @@ def train(
     max_steps=None,
     jit=True,
     fused=True,
+    kernels=None,
 ):
     """Fit ``guide`` with ``MeanFieldELBO`` + local reparameterisation + Adam.
 
@@ -495,15 +500,30 @@ def train(
         weight draws that local reparameterisation leaves unused.
     :param fused: one fused Adam over all parameters (:func:`~pyro_dropout.infer.fused_adam`,
         the same update as ``pyro.optim.Adam``).
+    :param kernels: train with :func:`~pyro_dropout.benchmarks.uci_fused.fused_meanfield_loss`
+        (the same loss as the traced one given the same noise, from numba kernels): ``None``
+        (the default) when ``jit`` and it supports the pair on CPU tensors, ``True`` always
+        (``ValueError`` naming why not), ``False`` never.
     """
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
     n = x.shape[1]
     steps_per_epoch = math.ceil(n / batch_size)
     total = num_epochs * steps_per_epoch if max_steps is None else max_steps
-    elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(max_plate_nesting=model.max_plate_nesting)
     optim = fused_adam({"lr": lr}) if fused else pyro.optim.Adam({"lr": lr})
-    svi = CompiledSVI(model, guide, optim, elbo)  # SVI.step where not compiled and fused
+    if kernels is None:  # compiled training: the kernels where they apply
+        kernels = jit and x.device.type == "cpu" and uci_fused.supports(model, guide)
+    elif kernels and not uci_fused.supports(model, guide):
+        raise ValueError(f"kernels=True: {uci_fused.unsupported_reason(model, guide)}")
+    if kernels:
+        engine = "fused"
+        svi = uci_fused.FusedMeanFieldSVI(model, guide, optim)
+    else:
+        engine = "traced" if jit else "eager"
+        elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
+            max_plate_nesting=model.max_plate_nesting
+        )
+        svi = CompiledSVI(model, guide, optim, elbo)  # SVI.step where not compiled and fused
     loss = math.nan
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0
@@ -526,7 +546,7 @@ def train(
             yb = _expand_members(y[:, idx], per_split)
             t0 = time.perf_counter()
             loss = svi.step(xb, yb, num_data=n)
-            if jit and seen.get(xb.shape, 0) < _WARM_STEPS:
+            if (jit or kernels) and seen.get(xb.shape, 0) < _WARM_STEPS:
                 # the first calls of a minibatch shape trace (and check) the compiled loss
                 seen[xb.shape] = seen.get(xb.shape, 0) + 1
                 warm_steps += 1
@@ -535,7 +555,9 @@ def train(
                 raise FloatingPointError(
                     f"UCI benchmark: the loss became {loss} at step {step} of {total}"
                 )
-    return FitStats(total, time.perf_counter() - start, float(loss), compile_s, warm_steps, jit)
+    return FitStats(
+        total, time.perf_counter() - start, float(loss), compile_s, warm_steps, jit, engine
+    )
 
 
 # -------------------------------------------------------------------------- evaluation

@@ -114,6 +114,7 @@ def _phase_record(res, splits, seed):
         "steps": stats.steps,
         "train_wall_s": stats.wall_s,
         "steps_per_s": stats.steps_per_s,
+        "engine": stats.engine,
         "eval_wall_s": res["eval"].wall_s,
         "final_loss_all_members": stats.final_loss,
         "seed": seed,

@@ -1,0 +1,294 @@
+r"""Fused training loss of the UCI engine's mean-field members (numba kernels).
+
+Why our own: the batched validation step (240 members × 128 rows through 8-50-1) is bound by
+element-wise passes over ``(M, B, H)`` tensors, not by its matrix products. Run as the traced
+Pyro loss, local reparameterisation, the ReLU, the output layer's two products (with
+``K = 1`` or ``N = 1``) and their backward take about 25 passes over each 6 MB tensor; this
+torch build has no CPU fuser (TorchScript's NNC: "LLVM Backend not found"), and
+``torch.compile`` cannot trace Pyro's effect handlers (``docs/benchmarks/speed.md``). Here
+one numba kernel does the forward's element-wise work and the whole output layer in one pass
+over the rows, and one more the backward: measured on kin8nm's 240 members, the step's
+element-wise work 46 → 11 ms (``docs/benchmarks/uci.md``).
+
+The loss is the same negative ELBO as :class:`~pyro_dropout.infer.JitMeanFieldELBO` on
+:class:`~pyro_dropout.benchmarks.uci_model.BatchedRegressionMLP` with
+:class:`~pyro_dropout.AutoMeanField` under :func:`~pyro_dropout.local_reparameterization`:
+
+.. math::
+
+    a = x μ_1^⊤ + μ_{b_1} + \sqrt{\max(x^2 σ_1^{2⊤} + σ_{b_1}^2, \varepsilon)}\, ξ_1,\quad
+    h = \max(a, 0),\quad
+    f = h μ_2^⊤ + μ_{b_2} + \sqrt{\max(h^2 σ_2^{2⊤} + σ_{b_2}^2, \varepsilon)}\, ξ_2,
+
+    \mathcal L = \sum_{\text{sites}} \mathrm{KL}(q \,\|\, p)
+        - \frac{N}{B} \sum_{m, i} \log \mathcal N(y_{mi} \mid f_{mi}, s_m^2),
+
+with ξ ~ N(0, 1) drawn by torch's generator (``ε`` the variance floor of
+:data:`~pyro_dropout.handlers.lrt_rules.VARIANCE_FLOOR`). Given the same ξ it is the traced
+loss to rounding, value and gradients (``tests/benchmarks/test_uci_fused.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import torch
+from torch.distributions import kl_divergence
+
+from ..guides import AutoMeanField
+from ..handlers.lrt_rules import VARIANCE_FLOOR
+
+__all__ = [
+    "FusedMeanFieldSVI",
+    "available",
+    "fused_meanfield_loss",
+    "supports",
+    "unsupported_reason",
+]
+
+try:  # optional: the benchmark's extra (``pip install pyro-dropout[benchmarks]``)
+    import numba
+    import numpy as np
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    numba = None
+
+_SITES = ("layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias")
+
+
+def available():
+    """Whether numba is installed (the fused kernels need it)."""
+    return numba is not None
+
+
+def unsupported_reason(model, guide):
+    """Why the fused loss cannot train ``(model, guide)``, or ``None`` when it can."""
+    if numba is None:
+        return "numba is not installed (pip install 'pyro-dropout[benchmarks]')"
+    if type(guide) is not AutoMeanField:
+        return f"the fused loss is written for AutoMeanField, not {type(guide).__name__}"
+    if getattr(model, "heteroscedastic", True):
+        return "the fused loss has one output (no heteroscedastic head)"
+    if len(model.layers) != 2 or model.layers[1].out_features != 1:
+        return "the fused loss is written for D-H-1 networks"
+    return None
+
+
+def supports(model, guide):
+    """Whether :func:`fused_meanfield_loss` can train ``(model, guide)``."""
+    return unsupported_reason(model, guide) is None
+
+
+# ---------------------------------------------------------------------------------- kernels
+_KERNELS = {}
+
+
+def _kernels():
+    """The two kernels, compiled at first use (and cached on disk by numba)."""
+    if not _KERNELS:
+        jit = numba.njit(fastmath=True, cache=True, error_model="numpy", nogil=True)
+
+        # Branch-free inner loops over the hidden units (selects, not jumps), so that LLVM
+        # vectorises them; constants typed like the data (float32 stays float32). The
+        # first layer's products run here too, over the hidden units (K = D is too small
+        # for a matrix product to be efficient: 3 ms per (240, 128, 8) x (240, 8, 50) bmm).
+        @jit
+        def forward(x, w1m, w1v, b1m, b1v, eps1, m2, v2, b2m, b2v, eps2, consts, a, r, f, r2):
+            # Per member and row: the hidden pre-activations a (kept for the backward), the
+            # factor ξ/(2 sd) of their variance's gradient (0 where the floor holds), and
+            # the output layer's mean and variance accumulated over the hidden units.
+            floor, half, zero = consts[0], consts[1], consts[2]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            mean1 = np.empty(nh, dtype=a.dtype)
+            var1 = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for i in range(nb):
+                    for j in range(nh):
+                        mean1[j] = b1m[m, j]
+                        var1[j] = b1v[m, j]
+                    for k in range(nd):
+                        xk = x[m, i, k]
+                        xk2 = xk * xk
+                        for j in range(nh):
+                            mean1[j] += xk * w1m[m, k, j]
+                            var1[j] += xk2 * w1v[m, k, j]
+                    mean = b2m[m]
+                    var = b2v[m]
+                    for j in range(nh):
+                        v = var1[j]
+                        e = eps1[m, i, j]
+                        sd = np.sqrt(max(v, floor))
+                        r[m, i, j] = half * e / sd if v > floor else zero
+                        u = mean1[j] + sd * e
+                        a[m, i, j] = u
+                        h = max(u, zero)
+                        mean += h * m2[m, j]
+                        var += h * h * v2[m, j]
+                    e = eps2[m, i]
+                    sd = np.sqrt(max(var, floor))
+                    r2[m, i] = half * e / sd if var > floor else zero
+                    f[m, i] = mean + sd * e
+
+        @jit
+        def backward(gf, x, a, r, r2, m2, v2, consts, gw1m, gw1v, gb1m, gb1v, gm2, gv2, gb2m, gb2v):
+            zero, two = consts[2], consts[3]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            g = np.empty(nh, dtype=a.dtype)
+            gr = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for j in range(nh):
+                    gb1m[m, j] = zero
+                    gb1v[m, j] = zero
+                    gm2[m, j] = zero
+                    gv2[m, j] = zero
+                    for k in range(nd):
+                        gw1m[m, k, j] = zero
+                        gw1v[m, k, j] = zero
+                sm = zero
+                sv = zero
+                for i in range(nb):
+                    gmean = gf[m, i]
+                    gvar = gmean * r2[m, i]
+                    sm += gmean
+                    sv += gvar
+                    for j in range(nh):
+                        u = a[m, i, j]
+                        h = max(u, zero)
+                        gm2[m, j] += h * gmean
+                        gv2[m, j] += h * h * gvar
+                        gj = (gmean * m2[m, j] if u > zero else zero) + two * h * gvar * v2[m, j]
+                        grj = gj * r[m, i, j]
+                        g[j] = gj
+                        gr[j] = grj
+                        gb1m[m, j] += gj
+                        gb1v[m, j] += grj
+                    for k in range(nd):
+                        xk = x[m, i, k]
+                        xk2 = xk * xk
+                        for j in range(nh):
+                            gw1m[m, k, j] += xk * g[j]
+                            gw1v[m, k, j] += xk2 * gr[j]
+                gb2m[m] = sm
+                gb2v[m] = sv
+
+        _KERNELS["forward"], _KERNELS["backward"] = forward, backward
+    return _KERNELS["forward"], _KERNELS["backward"]
+
+
+def _constants(like):
+    """The kernels' constants (variance floor, 1/2, 0, 2) in ``like``'s dtype: float32 data
+    then runs float32 arithmetic throughout."""
+    return np.array([VARIANCE_FLOOR, 0.5, 0.0, 2.0], dtype=_np(like).dtype)
+
+
+def _np(t):
+    return t.detach().contiguous().numpy()
+
+
+class _GaussianMLP(torch.autograd.Function):
+    """The whole D-H-1 network's pre-activation draws, given the layers' means and variances
+    (first layer as ``(M, D, H)``, the rest ``(M, H)`` and ``(M,)``) and the noise ξ:
+    returns ``f`` ``(M, B)``. Gradients for the parameters (not for ``x`` or the noise)."""
+
+    @staticmethod
+    def forward(ctx, x, w1m, w1v, b1m, b1v, m2, v2, b2m, b2v, eps1, eps2):
+        forward, _ = _kernels()
+        shape = eps1.shape
+        a, r = x.new_empty(shape), x.new_empty(shape)
+        f, r2 = x.new_empty(shape[:2]), x.new_empty(shape[:2])
+        forward(
+            *map(_np, (x, w1m, w1v, b1m, b1v, eps1, m2, v2, b2m, b2v, eps2)),
+            _constants(x),
+            a.numpy(),
+            r.numpy(),
+            f.numpy(),
+            r2.numpy(),
+        )
+        ctx.save_for_backward(x, a, r, r2, m2, v2)
+        return f
+
+    @staticmethod
+    def backward(ctx, gf):
+        _, backward = _kernels()
+        x, a, r, r2, m2, v2 = ctx.saved_tensors
+        members, _, d = x.shape
+        gw1m, gw1v = (x.new_empty(members, d, m2.shape[1]) for _ in range(2))
+        gb1m, gb1v, gm2, gv2 = (x.new_empty(m2.shape) for _ in range(4))
+        gb2m, gb2v = x.new_empty(members), x.new_empty(members)
+        outs = (gw1m, gw1v, gb1m, gb1v, gm2, gv2, gb2m, gb2v)
+        backward(
+            _np(gf), *map(_np, (x, a, r, r2, m2, v2)), _constants(x), *(t.numpy() for t in outs)
+        )
+        return (None, *outs, None, None)
+
+
+def fused_meanfield_loss(model, guide, x, y, num_data=None):
+    """The negative ELBO of ``(model, guide)`` on the minibatch ``x`` ``(M, B, D)``, ``y``
+    ``(M, B)``, as a differentiable scalar of the guide's (and the model's) parameters.
+    Raises ``ValueError`` when :func:`unsupported_reason` names a reason."""
+    reason = unsupported_reason(model, guide)
+    if reason is not None:
+        raise ValueError(f"fused_meanfield_loss cannot train this model: {reason}")
+    if x.device.type != "cpu":
+        raise ValueError("fused_meanfield_loss runs on CPU tensors (numba kernels)")
+    if guide.prototype_trace is None:
+        guide._setup_prototype(x, y, num_data=num_data)
+    sites = guide.prototype_trace.nodes
+    q = {name: guide._site_dist(name, sites[name]) for name in _SITES}
+    kl = sum(kl_divergence(q[name], sites[name]["fn"]).sum() for name in _SITES)
+    loc = {name: q[name].base_dist.loc for name in _SITES}
+    var = {name: q[name].base_dist.scale ** 2 for name in _SITES}
+    members, batch = x.shape[0], x.shape[1]
+    hidden = model.layers[0].out_features
+    eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
+    eps2 = torch.randn(members, batch, dtype=x.dtype)
+    f = _GaussianMLP.apply(
+        x,
+        loc[_SITES[0]].reshape(members, hidden, -1).transpose(1, 2),
+        var[_SITES[0]].reshape(members, hidden, -1).transpose(1, 2),
+        loc[_SITES[1]].reshape(members, hidden),
+        var[_SITES[1]].reshape(members, hidden),
+        loc[_SITES[2]].reshape(members, hidden),
+        var[_SITES[2]].reshape(members, hidden),
+        loc[_SITES[3]].reshape(members),
+        var[_SITES[3]].reshape(members),
+        eps1,
+        eps2,
+    )
+    sd = model.noise_sd().reshape(members, 1)
+    n = batch if num_data is None else int(num_data)
+    z = (y - f) / sd
+    log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
+    log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
+    return kl - (n / batch) * log_lik
+
+
+class FusedMeanFieldSVI:
+    """``SVI.step`` with :func:`fused_meanfield_loss`: the loss, its gradients and one step of
+    ``optim`` (a :class:`pyro.optim.PyroOptim`) over every parameter in Pyro's store.
+
+    Why not ``pyro.infer.SVI(model, guide, optim, loss=fused_meanfield_loss)``: SVI finds the
+    parameters to step by tracing ``pyro.param`` calls, and a ``PyroModule`` makes them only
+    inside its own ``__call__``; this loss reads the parameters without running the modules.
+    All parameters take part in every step here, so the first step runs the guide once (which
+    registers the guide's and the model's parameters) and every step updates them all."""
+
+    def __init__(self, model, guide, optim):
+        reason = unsupported_reason(model, guide)
+        if reason is not None:
+            raise ValueError(f"FusedMeanFieldSVI cannot train this model: {reason}")
+        self.model, self.guide, self.optim = model, guide, optim
+        self._params = None
+
+    def step(self, x, y, num_data=None):
+        if self._params is None:
+            self.guide(x, y, num_data=num_data)
+            self._params = [p for _, p in pyro.get_param_store().named_parameters()]
+        loss = fused_meanfield_loss(self.model, self.guide, x, y, num_data)
+        loss.backward()
+        self.optim(self._params)
+        for p in self._params:
+            p.grad = None
+        return loss.item()

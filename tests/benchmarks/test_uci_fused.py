@@ -1,0 +1,190 @@
+"""The UCI engine's fused mean-field loss (numba kernels) against the Pyro loss it replaces.
+
+Given the same noise the two are the same function of the parameters: the loss and every
+gradient agree to float rounding, and one training step moves every parameter alike. Where the
+kernels do not apply, training says which engine ran and ``kernels=True`` says why not.
+"""
+
+import contextlib
+import math
+
+import pyro
+import pytest
+import torch
+
+from pyro_dropout import local_reparameterization
+from pyro_dropout.benchmarks import uci_fused, uci_model
+from pyro_dropout.infer import MeanFieldELBO, fused_adam
+
+pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
+
+M_CONFIGS = [{"prior_scale": s, "noise": n} for s in (0.3, 3.0) for n in (1.0, "learned")]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _meanfield(d=3, hidden=7, n=40, configs=M_CONFIGS, seed=0):
+    torch.manual_seed(seed)
+    members = uci_model.Members(configs, torch.linspace(0.5, 2.0, len(configs)).double(), n)
+    model, guide, _ = uci_model.build("meanfield", d, hidden, members)
+    return model, guide
+
+
+@contextlib.contextmanager
+def _same_noise():
+    """``torch.randn`` hands out one fixed tensor per number of elements, so that the traced
+    Pyro loss and the fused one use the same pre-activation noise."""
+    real, drawn = torch.randn, {}
+
+    def randn(*size, **kwargs):
+        shape = torch.Size(size[0] if len(size) == 1 and not isinstance(size[0], int) else size)
+        if shape.numel() not in drawn:
+            drawn[shape.numel()] = real(shape, **kwargs)
+        return drawn[shape.numel()].reshape(shape)
+
+    torch.randn = randn
+    try:
+        yield drawn
+    finally:
+        torch.randn = real
+
+
+def _setup(model, guide, x, y, n, spread=0.5, seed=1):
+    """Build the guide, then move every parameter off its initial value (so that the posterior
+    scales, the learned noise and some ReLUs' signs all differ between members)."""
+    pyro.clear_param_store()
+    with local_reparameterization():
+        guide(x, y, num_data=n)
+    gen = torch.Generator().manual_seed(seed)
+    params = dict(pyro.get_param_store().named_parameters())
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(spread * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch,num_data", [(16, 40), (5, 5)])
+def test_fused_loss_is_the_pyro_loss_given_the_noise(dtype, batch, num_data):
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model, guide = _meanfield(n=num_data)
+        x, y = torch.randn(len(M_CONFIGS), batch, 3), torch.randn(len(M_CONFIGS), batch)
+        params = _setup(model, guide, x, y, num_data)
+        names = sorted(params)
+        with _same_noise() as drawn:
+            with local_reparameterization(), pyro.validation_enabled(False):
+                ref = MeanFieldELBO(max_plate_nesting=2).differentiable_loss(
+                    model, guide, x, y, num_data=num_data
+                )
+            ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
+            fused = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=num_data)
+            grads = torch.autograd.grad(fused, [params[k] for k in names])
+        # both drew the same two noise tensors: the hidden units' and the outputs'
+        assert sorted(drawn) == [len(M_CONFIGS) * batch, len(M_CONFIGS) * batch * 7]
+    finally:
+        torch.set_default_dtype(default)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert fused.dtype == dtype
+    assert math.isclose(fused.item(), ref.item(), rel_tol=tol)
+    for name, a, b in zip(names, ref_grads, grads, strict=True):
+        assert a.abs().max() > 0, name
+        torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item(), msg=name)
+
+
+def test_fused_loss_differs_when_the_noise_does():
+    """The equality above has power: with other noise the losses differ."""
+    model, guide = _meanfield()
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    _setup(model, guide, x, y, 40)
+    with _same_noise():
+        a = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=40)
+    b = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=40)
+    assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
+
+
+def test_fused_step_moves_every_parameter_as_svi_does():
+    """One step of ``FusedMeanFieldSVI`` and one of Pyro's ``SVI`` with the eager loss, from
+    the same parameters with the same noise, leave the same parameters."""
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    after = []
+    for fused in (False, True):
+        model, guide = _meanfield()
+        _setup(model, guide, x, y, 40)
+        optim = fused_adam({"lr": 0.05})
+        if fused:
+            svi = uci_fused.FusedMeanFieldSVI(model, guide, optim)
+        else:
+            svi = pyro.infer.SVI(model, guide, optim, MeanFieldELBO(max_plate_nesting=2))
+        with _same_noise(), local_reparameterization(), pyro.validation_enabled(False):
+            loss = svi.step(x, y, num_data=40)
+        # names without the guide's instance prefix ("AutoMeanField_5.")
+        store = pyro.get_param_store().named_parameters()
+        params = {k.split(".", 1)[-1]: p.detach().clone() for k, p in store}
+        after.append((loss, params))
+    (loss_a, a), (loss_b, b) = after
+    assert math.isclose(loss_a, loss_b, rel_tol=1e-5)
+    assert sorted(a) == sorted(b) and any("learned_sd" in k for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_train_uses_the_kernels_where_they_apply_and_says_so():
+    x, y = torch.randn(2, 30, 3), torch.randn(2, 30)
+    model, guide = _meanfield(configs=M_CONFIGS[:2] * 2, n=30)
+    stats = uci_model.train(model, guide, x, y, 2, 2, batch_size=16, seed=0)
+    assert stats.engine == "fused" and math.isfinite(stats.final_loss)
+    # the same seed gives the same fit
+    model, guide = _meanfield(configs=M_CONFIGS[:2] * 2, n=30)
+    again = uci_model.train(model, guide, x, y, 2, 2, batch_size=16, seed=0)
+    assert again.final_loss == stats.final_loss
+    model, guide = _meanfield(configs=M_CONFIGS[:2] * 2, n=30)
+    assert uci_model.train(model, guide, x, y, 2, 1, kernels=False).engine == "traced"
+    model, guide = _meanfield(configs=M_CONFIGS[:2] * 2, n=30)
+    assert uci_model.train(model, guide, x, y, 2, 1, jit=False).engine == "eager"
+
+
+def test_the_kernels_say_what_they_cannot_train(monkeypatch):
+    members = uci_model.Members([{"dropout_rate": 0.1, "tau": 1.0}], torch.ones(1).double(), 9)
+    model, guide, _ = uci_model.build("dropout", 3, 5, members)
+    assert "AutoMeanField" in uci_fused.unsupported_reason(model, guide)
+    x, y = torch.randn(1, 9, 3), torch.randn(1, 9)
+    with pytest.raises(ValueError, match="kernels=True: .*AutoMeanField, not AutoDropout"):
+        uci_model.train(model, guide, x, y, 1, 1, kernels=True)
+    assert uci_model.train(model, guide, x, y, 1, 1).engine == "traced"
+    hetero = uci_model.Members([{"noise": "heteroscedastic"}], torch.ones(1).double(), 9)
+    model, guide, _ = uci_model.build("meanfield-hetero", 3, 5, hetero)
+    assert "heteroscedastic" in uci_fused.unsupported_reason(model, guide)
+    model, guide = _meanfield()
+    assert uci_fused.supports(model, guide)
+    with pytest.raises(ValueError, match="CPU tensors"):
+        uci_fused.fused_meanfield_loss(model, guide, torch.randn(4, 2, 3, device="meta"), None)
+    monkeypatch.setattr(uci_fused, "numba", None)
+    assert "numba is not installed" in uci_fused.unsupported_reason(model, guide)
+    with pytest.raises(ValueError, match="numba is not installed"):
+        uci_fused.FusedMeanFieldSVI(model, guide, fused_adam({"lr": 1e-3}))
+
+
+def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
+    from pyro_dropout.benchmarks.uci import cli
+
+    monkeypatch.setattr(uci_fused, "numba", None)
+
+    def resolve(args, parser):  # no data: only the guides are read
+        args.guide_names = args.guides.split(",")
+        return [], {}
+
+    monkeypatch.setattr(cli, "_resolve", resolve)
+    monkeypatch.setattr(cli, "run", lambda args, datasets, per_ds: {})
+    (tmp_path / "results.md").write_text("")
+    cli.main(["--data-dir", str(tmp_path), "--guides", "meanfield", "--out", str(tmp_path)])
+    assert "numba is not installed" in capsys.readouterr().err
+    cli.main(["--data-dir", str(tmp_path), "--guides", "vd", "--out", str(tmp_path)])
+    assert "numba" not in capsys.readouterr().err  # the kernels serve mean-field only
