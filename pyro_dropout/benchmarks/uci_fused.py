@@ -36,16 +36,10 @@ import pyro
 import torch
 from torch.distributions import kl_divergence
 
-from ..guides import AutoMeanField
+from ..guides import AutoDropout, AutoMeanField
 from ..handlers.lrt_rules import VARIANCE_FLOOR
 
-__all__ = [
-    "FusedMeanFieldSVI",
-    "available",
-    "fused_meanfield_loss",
-    "supports",
-    "unsupported_reason",
-]
+__all__ = ["FusedSVI", "available", "fused_loss", "supports", "unsupported_reason"]
 
 try:  # optional: the benchmark's extra (``pip install pyro-dropout[benchmarks]``)
     import numba
@@ -65,8 +59,13 @@ def unsupported_reason(model, guide):
     """Why the fused loss cannot train ``(model, guide)``, or ``None`` when it can."""
     if numba is None:
         return "numba is not installed (pip install 'pyro-dropout[benchmarks]')"
-    if type(guide) is not AutoMeanField:
-        return f"the fused loss is written for AutoMeanField, not {type(guide).__name__}"
+    if type(guide) not in (AutoMeanField, AutoDropout):
+        return (
+            "the fused loss is written for AutoMeanField and AutoDropout, not "
+            f"{type(guide).__name__}"
+        )
+    if type(guide) is AutoDropout and (guide.learn_scale or isinstance(guide.dropout_rate, dict)):
+        return "the fused AutoDropout loss needs a fixed slab scale and one rate for all layers"
     if getattr(model, "heteroscedastic", True):
         return "the fused loss has one output (no heteroscedastic head)"
     if len(model.layers) != 2 or model.layers[1].out_features != 1:
@@ -75,7 +74,7 @@ def unsupported_reason(model, guide):
 
 
 def supports(model, guide):
-    """Whether :func:`fused_meanfield_loss` can train ``(model, guide)``."""
+    """Whether :func:`fused_loss` can train ``(model, guide)``."""
     return unsupported_reason(model, guide) is None
 
 
@@ -173,14 +172,84 @@ def _kernels():
                 gb2m[m] = sm
                 gb2v[m] = sv
 
+        # MC dropout (AutoDropout, Gal & Ghahramani's W = M diag(z) + σε): per row, a keep
+        # mask on each layer's inputs (z = u < 1 - p from the uniforms u), the masked
+        # inputs' product with M, and the slab noise σ² Σ x² (+ σ² for the bias) shared by
+        # the row's units. σ and p are fixed, so only M and the biases get gradients.
+        @jit
+        def dropout_forward(x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, consts, a, f, r2):
+            floor, half, zero, slab = consts[0], consts[1], consts[2], consts[4]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            mean1 = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for i in range(nb):
+                    for j in range(nh):
+                        mean1[j] = b1[m, j]
+                    ss = zero
+                    for k in range(nd):
+                        xk = x[m, i, k]
+                        ss += xk * xk
+                        xz = xk if u1[m, i, k] < keep[m] else zero
+                        for j in range(nh):
+                            mean1[j] += xz * w1[m, k, j]
+                    sd1 = np.sqrt(max(slab * (ss + 1), floor))
+                    mean = b2[m]
+                    hh = zero
+                    for j in range(nh):
+                        u = mean1[j] + sd1 * eps1[m, i, j]
+                        a[m, i, j] = u
+                        h = max(u, zero)
+                        hh += h * h
+                        mean += h * w2[m, j] if u2[m, i, j] < keep[m] else zero
+                    var = slab * (hh + 1)
+                    e = eps2[m, i]
+                    sd = np.sqrt(max(var, floor))
+                    r2[m, i] = half * e / sd if var > floor else zero
+                    f[m, i] = mean + sd * e
+
+        @jit
+        def dropout_backward(gf, x, u1, keep, a, u2, w2, r2, consts, gw1, gb1, gw2, gb2):
+            zero, two, slab = consts[2], consts[3], consts[4]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            g = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for j in range(nh):
+                    gb1[m, j] = zero
+                    gw2[m, j] = zero
+                    for k in range(nd):
+                        gw1[m, k, j] = zero
+                sm = zero
+                for i in range(nb):
+                    gmean = gf[m, i]
+                    gvar = gmean * r2[m, i]
+                    sm += gmean
+                    for j in range(nh):
+                        u = a[m, i, j]
+                        h = max(u, zero)
+                        kept = u2[m, i, j] < keep[m]
+                        gw2[m, j] += h * gmean if kept else zero
+                        gh = (gmean * w2[m, j] if kept else zero) + two * slab * h * gvar
+                        gj = gh if u > zero else zero
+                        g[j] = gj
+                        gb1[m, j] += gj
+                    for k in range(nd):
+                        xz = x[m, i, k] if u1[m, i, k] < keep[m] else zero
+                        for j in range(nh):
+                            gw1[m, k, j] += xz * g[j]
+                gb2[m] = sm
+
+        _KERNELS["dropout_forward"] = dropout_forward
+        _KERNELS["dropout_backward"] = dropout_backward
         _KERNELS["forward"], _KERNELS["backward"] = forward, backward
     return _KERNELS["forward"], _KERNELS["backward"]
 
 
-def _constants(like):
-    """The kernels' constants (variance floor, 1/2, 0, 2) in ``like``'s dtype: float32 data
-    then runs float32 arithmetic throughout."""
-    return np.array([VARIANCE_FLOOR, 0.5, 0.0, 2.0], dtype=_np(like).dtype)
+def _constants(like, slab_var=0.0):
+    """The kernels' constants (variance floor, 1/2, 0, 2, the slab variance σ²) in ``like``'s
+    dtype: float32 data then runs float32 arithmetic throughout."""
+    return np.array([VARIANCE_FLOOR, 0.5, 0.0, 2.0, slab_var], dtype=_np(like).dtype)
 
 
 def _np(t):
@@ -224,20 +293,96 @@ class _GaussianMLP(torch.autograd.Function):
         return (None, *outs, None, None)
 
 
-def fused_meanfield_loss(model, guide, x, y, num_data=None):
+class _DropoutMLP(torch.autograd.Function):
+    """The D-H-1 network's pre-activation draws under MC dropout, given the uniforms of the
+    two layers' masks, the normal noise, ``M`` of each layer (first as ``(M, D, H)``), the
+    biases' means, the keep probabilities ``(M,)`` and σ²: returns ``f`` ``(M, B)``.
+    Gradients for ``M`` and the biases' means."""
+
+    @staticmethod
+    def forward(ctx, x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, slab_var):
+        _kernels()
+        forward = _KERNELS["dropout_forward"]
+        a = x.new_empty(eps1.shape)
+        f, r2 = x.new_empty(eps1.shape[:2]), x.new_empty(eps1.shape[:2])
+        consts = _constants(x, slab_var)
+        args = map(_np, (x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2))
+        forward(*args, consts, a.numpy(), f.numpy(), r2.numpy())
+        ctx.save_for_backward(x, u1, keep, a, u2, w2, r2)
+        ctx.slab_var = slab_var
+        return f
+
+    @staticmethod
+    def backward(ctx, gf):
+        backward = _KERNELS["dropout_backward"]
+        x, u1, keep, a, u2, w2, r2 = ctx.saved_tensors
+        members, _, d = x.shape
+        gw1, gb1, gw2 = (
+            x.new_empty(members, d, w2.shape[1]),
+            x.new_empty(w2.shape),
+            x.new_empty(w2.shape),
+        )
+        gb2 = x.new_empty(members)
+        args = map(_np, (gf, x, u1, keep, a, u2, w2, r2))
+        backward(*args, _constants(x, ctx.slab_var), *(t.numpy() for t in (gw1, gb1, gw2, gb2)))
+        return None, None, None, gw1, gb1, None, None, gw2, gb2, None, None
+
+
+def fused_loss(model, guide, x, y, num_data=None):
     """The negative ELBO of ``(model, guide)`` on the minibatch ``x`` ``(M, B, D)``, ``y``
     ``(M, B)``, as a differentiable scalar of the guide's (and the model's) parameters.
     Raises ``ValueError`` when :func:`unsupported_reason` names a reason."""
     reason = unsupported_reason(model, guide)
     if reason is not None:
-        raise ValueError(f"fused_meanfield_loss cannot train this model: {reason}")
+        raise ValueError(f"fused_loss cannot train this model: {reason}")
     if x.device.type != "cpu":
-        raise ValueError("fused_meanfield_loss runs on CPU tensors (numba kernels)")
+        raise ValueError("fused_loss runs on CPU tensors (numba kernels)")
     if guide.prototype_trace is None:
         guide._setup_prototype(x, y, num_data=num_data)
     sites = guide.prototype_trace.nodes
     q = {name: guide._site_dist(name, sites[name]) for name in _SITES}
     kl = sum(kl_divergence(q[name], sites[name]["fn"]).sum() for name in _SITES)
+    if isinstance(guide, AutoDropout):
+        f = _dropout_draw(model, guide, x)
+    else:
+        f = _meanfield_draw(model, q, x)
+    sd = model.noise_sd().reshape(x.shape[0], 1)
+    batch = x.shape[1]
+    n = batch if num_data is None else int(num_data)
+    z = (y - f) / sd
+    log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
+    log_lik = log_lik - 0.5 * math.log(2 * math.pi) * x.shape[0] * batch
+    return kl - (n / batch) * log_lik
+
+
+def _dropout_draw(model, guide, x):
+    """``f`` under AutoDropout; the random numbers drawn in the order the LRT rules draw
+    them (mask, noise; first layer, then second)."""
+    members, batch = x.shape[0], x.shape[1]
+    hidden = model.layers[0].out_features
+    locs = [guide._get("locs", name) for name in _SITES]
+    keep = (1 - torch.as_tensor(guide.dropout_rate, dtype=x.dtype)).reshape(-1).expand(members)
+    u1 = torch.rand(members, batch, x.shape[2], dtype=x.dtype)
+    eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
+    u2 = torch.rand(members, batch, hidden, dtype=x.dtype)
+    eps2 = torch.randn(members, batch, dtype=x.dtype)
+    return _DropoutMLP.apply(
+        x,
+        u1,
+        keep,
+        locs[0].reshape(members, hidden, -1).transpose(1, 2),
+        locs[1].reshape(members, hidden),
+        eps1,
+        u2,
+        locs[2].reshape(members, hidden),
+        locs[3].reshape(members),
+        eps2,
+        guide.scale**2,
+    )
+
+
+def _meanfield_draw(model, q, x):
+    """``f`` under AutoMeanField."""
     loc = {name: q[name].base_dist.loc for name in _SITES}
     var = {name: q[name].base_dist.scale ** 2 for name in _SITES}
     members, batch = x.shape[0], x.shape[1]
@@ -257,19 +402,14 @@ def fused_meanfield_loss(model, guide, x, y, num_data=None):
         eps1,
         eps2,
     )
-    sd = model.noise_sd().reshape(members, 1)
-    n = batch if num_data is None else int(num_data)
-    z = (y - f) / sd
-    log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
-    log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
-    return kl - (n / batch) * log_lik
+    return f
 
 
-class FusedMeanFieldSVI:
-    """``SVI.step`` with :func:`fused_meanfield_loss`: the loss, its gradients and one step of
+class FusedSVI:
+    """``SVI.step`` with :func:`fused_loss`: the loss, its gradients and one step of
     ``optim`` (a :class:`pyro.optim.PyroOptim`) over every parameter in Pyro's store.
 
-    Why not ``pyro.infer.SVI(model, guide, optim, loss=fused_meanfield_loss)``: SVI finds the
+    Why not ``pyro.infer.SVI(model, guide, optim, loss=fused_loss)``: SVI finds the
     parameters to step by tracing ``pyro.param`` calls, and a ``PyroModule`` makes them only
     inside its own ``__call__``; this loss reads the parameters without running the modules.
     All parameters take part in every step here, so the first step runs the guide once (which
@@ -278,7 +418,7 @@ class FusedMeanFieldSVI:
     def __init__(self, model, guide, optim):
         reason = unsupported_reason(model, guide)
         if reason is not None:
-            raise ValueError(f"FusedMeanFieldSVI cannot train this model: {reason}")
+            raise ValueError(f"FusedSVI cannot train this model: {reason}")
         self.model, self.guide, self.optim = model, guide, optim
         self._params = None
 
@@ -286,7 +426,7 @@ class FusedMeanFieldSVI:
         if self._params is None:
             self.guide(x, y, num_data=num_data)
             self._params = [p for _, p in pyro.get_param_store().named_parameters()]
-        loss = fused_meanfield_loss(self.model, self.guide, x, y, num_data)
+        loss = fused_loss(self.model, self.guide, x, y, num_data)
         loss.backward()
         self.optim(self._params)
         for p in self._params:

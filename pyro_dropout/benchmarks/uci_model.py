@@ -500,7 +500,7 @@ def train(
         weight draws that local reparameterisation leaves unused.
     :param fused: one fused Adam over all parameters (:func:`~pyro_dropout.infer.fused_adam`,
         the same update as ``pyro.optim.Adam``).
-    :param kernels: train with :func:`~pyro_dropout.benchmarks.uci_fused.fused_meanfield_loss`
+    :param kernels: train with :func:`~pyro_dropout.benchmarks.uci_fused.fused_loss`
         (the same loss as the traced one given the same noise, from numba kernels): ``None``
         (the default) when ``jit`` and it supports the pair on CPU tensors, ``True`` always
         (``ValueError`` naming why not), ``False`` never.
@@ -517,7 +517,7 @@ def train(
         raise ValueError(f"kernels=True: {uci_fused.unsupported_reason(model, guide)}")
     if kernels:
         engine = "fused"
-        svi = uci_fused.FusedMeanFieldSVI(model, guide, optim)
+        svi = uci_fused.FusedSVI(model, guide, optim)
     else:
         engine = "traced" if jit else "eager"
         elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(

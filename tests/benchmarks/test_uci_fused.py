@@ -19,6 +19,7 @@ from pyro_dropout.infer import MeanFieldELBO, fused_adam
 pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
 
 M_CONFIGS = [{"prior_scale": s, "noise": n} for s in (0.3, 3.0) for n in (1.0, "learned")]
+D_CONFIGS = [{"dropout_rate": p, "tau": t} for p in (0.05, 0.5) for t in (0.5, 20.0)]
 
 
 @pytest.fixture(autouse=True)
@@ -29,30 +30,40 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _meanfield(d=3, hidden=7, n=40, configs=M_CONFIGS, seed=0):
+def _meanfield(d=3, hidden=7, n=40, configs=M_CONFIGS, seed=0, guide="meanfield"):
     torch.manual_seed(seed)
     members = uci_model.Members(configs, torch.linspace(0.5, 2.0, len(configs)).double(), n)
-    model, guide, _ = uci_model.build("meanfield", d, hidden, members)
+    model, guide, _ = uci_model.build(guide, d, hidden, members)
     return model, guide
+
+
+def _dropout(**kwargs):
+    return _meanfield(configs=D_CONFIGS, guide="dropout", **kwargs)
 
 
 @contextlib.contextmanager
 def _same_noise():
-    """``torch.randn`` hands out one fixed tensor per number of elements, so that the traced
-    Pyro loss and the fused one use the same pre-activation noise."""
-    real, drawn = torch.randn, {}
+    """``torch.randn`` and ``torch.rand`` hand out one fixed tensor per number of elements,
+    so that the Pyro loss and the fused one use the same masks and pre-activation noise."""
+    real = {"randn": torch.randn, "rand": torch.rand}
+    drawn = {"randn": {}, "rand": {}}
 
-    def randn(*size, **kwargs):
-        shape = torch.Size(size[0] if len(size) == 1 and not isinstance(size[0], int) else size)
-        if shape.numel() not in drawn:
-            drawn[shape.numel()] = real(shape, **kwargs)
-        return drawn[shape.numel()].reshape(shape)
+    def fixed(kind):
+        def draw(*size, **kwargs):
+            one = len(size) == 1 and not isinstance(size[0], int)
+            shape = torch.Size(size[0] if one else size)
+            if shape.numel() not in drawn[kind]:
+                drawn[kind][shape.numel()] = real[kind](shape, **kwargs)
+            # a copy: the masks are made in place from the uniforms (``rand(...).lt_(keep)``)
+            return drawn[kind][shape.numel()].reshape(shape).clone()
 
-    torch.randn = randn
+        return draw
+
+    torch.randn, torch.rand = fixed("randn"), fixed("rand")
     try:
         yield drawn
     finally:
-        torch.randn = real
+        torch.randn, torch.rand = real["randn"], real["rand"]
 
 
 def _setup(model, guide, x, y, n, spread=0.5, seed=1):
@@ -69,13 +80,14 @@ def _setup(model, guide, x, y, n, spread=0.5, seed=1):
     return params
 
 
+@pytest.mark.parametrize("guide_name", ["meanfield", "dropout"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,num_data", [(16, 40), (5, 5)])
-def test_fused_loss_is_the_pyro_loss_given_the_noise(dtype, batch, num_data):
+def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, num_data):
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        model, guide = _meanfield(n=num_data)
+        model, guide = (_meanfield if guide_name == "meanfield" else _dropout)(n=num_data)
         x, y = torch.randn(len(M_CONFIGS), batch, 3), torch.randn(len(M_CONFIGS), batch)
         params = _setup(model, guide, x, y, num_data)
         names = sorted(params)
@@ -85,42 +97,47 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(dtype, batch, num_data):
                     model, guide, x, y, num_data=num_data
                 )
             ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
-            fused = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=num_data)
+            fused = uci_fused.fused_loss(model, guide, x, y, num_data=num_data)
             grads = torch.autograd.grad(fused, [params[k] for k in names])
-        # both drew the same two noise tensors: the hidden units' and the outputs'
-        assert sorted(drawn) == [len(M_CONFIGS) * batch, len(M_CONFIGS) * batch * 7]
+        # both used the same noise: the hidden units' and the outputs' (and the masks)
+        m = len(M_CONFIGS)
+        assert {m * batch, m * batch * 7} <= set(drawn["randn"])
+        if guide_name == "dropout":
+            assert {m * batch * 3, m * batch * 7} <= set(drawn["rand"])
     finally:
         torch.set_default_dtype(default)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     assert fused.dtype == dtype
     assert math.isclose(fused.item(), ref.item(), rel_tol=tol)
     for name, a, b in zip(names, ref_grads, grads, strict=True):
-        assert a.abs().max() > 0, name
+        assert a.abs().max() > 0 or "scales" in name, name  # dropout: σ is fixed
         torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item(), msg=name)
 
 
-def test_fused_loss_differs_when_the_noise_does():
+@pytest.mark.parametrize("build", [_meanfield, _dropout])
+def test_fused_loss_differs_when_the_noise_does(build):
     """The equality above has power: with other noise the losses differ."""
-    model, guide = _meanfield()
+    model, guide = build()
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     _setup(model, guide, x, y, 40)
     with _same_noise():
-        a = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=40)
-    b = uci_fused.fused_meanfield_loss(model, guide, x, y, num_data=40)
+        a = uci_fused.fused_loss(model, guide, x, y, num_data=40)
+    b = uci_fused.fused_loss(model, guide, x, y, num_data=40)
     assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
 
 
-def test_fused_step_moves_every_parameter_as_svi_does():
-    """One step of ``FusedMeanFieldSVI`` and one of Pyro's ``SVI`` with the eager loss, from
+@pytest.mark.parametrize("build", [_meanfield, _dropout])
+def test_fused_step_moves_every_parameter_as_svi_does(build):
+    """One step of ``FusedSVI`` and one of Pyro's ``SVI`` with the eager loss, from
     the same parameters with the same noise, leave the same parameters."""
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     after = []
     for fused in (False, True):
-        model, guide = _meanfield()
+        model, guide = build()
         _setup(model, guide, x, y, 40)
         optim = fused_adam({"lr": 0.05})
         if fused:
-            svi = uci_fused.FusedMeanFieldSVI(model, guide, optim)
+            svi = uci_fused.FusedSVI(model, guide, optim)
         else:
             svi = pyro.infer.SVI(model, guide, optim, MeanFieldELBO(max_plate_nesting=2))
         with _same_noise(), local_reparameterization(), pyro.validation_enabled(False):
@@ -131,7 +148,8 @@ def test_fused_step_moves_every_parameter_as_svi_does():
         after.append((loss, params))
     (loss_a, a), (loss_b, b) = after
     assert math.isclose(loss_a, loss_b, rel_tol=1e-5)
-    assert sorted(a) == sorted(b) and any("learned_sd" in k for k in a)
+    assert sorted(a) == sorted(b)
+    assert any("learned_sd" in k for k in a) == (build is _meanfield)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
 
@@ -152,24 +170,28 @@ def test_train_uses_the_kernels_where_they_apply_and_says_so():
 
 
 def test_the_kernels_say_what_they_cannot_train(monkeypatch):
-    members = uci_model.Members([{"dropout_rate": 0.1, "tau": 1.0}], torch.ones(1).double(), 9)
-    model, guide, _ = uci_model.build("dropout", 3, 5, members)
-    assert "AutoMeanField" in uci_fused.unsupported_reason(model, guide)
+    members = uci_model.Members([{"noise": "learned"}], torch.ones(1).double(), 9)
+    model, guide, _ = uci_model.build("vd", 3, 5, members)
+    assert "AutoDropout, not AutoVariationalDropout" in uci_fused.unsupported_reason(model, guide)
     x, y = torch.randn(1, 9, 3), torch.randn(1, 9)
-    with pytest.raises(ValueError, match="kernels=True: .*AutoMeanField, not AutoDropout"):
+    with pytest.raises(ValueError, match="kernels=True: .*not AutoVariationalDropout"):
         uci_model.train(model, guide, x, y, 1, 1, kernels=True)
     assert uci_model.train(model, guide, x, y, 1, 1).engine == "traced"
+    model, guide = _dropout()
+    assert uci_fused.supports(model, guide)
+    guide.learn_scale = True
+    assert "fixed slab scale" in uci_fused.unsupported_reason(model, guide)
     hetero = uci_model.Members([{"noise": "heteroscedastic"}], torch.ones(1).double(), 9)
     model, guide, _ = uci_model.build("meanfield-hetero", 3, 5, hetero)
     assert "heteroscedastic" in uci_fused.unsupported_reason(model, guide)
     model, guide = _meanfield()
     assert uci_fused.supports(model, guide)
     with pytest.raises(ValueError, match="CPU tensors"):
-        uci_fused.fused_meanfield_loss(model, guide, torch.randn(4, 2, 3, device="meta"), None)
+        uci_fused.fused_loss(model, guide, torch.randn(4, 2, 3, device="meta"), None)
     monkeypatch.setattr(uci_fused, "numba", None)
     assert "numba is not installed" in uci_fused.unsupported_reason(model, guide)
     with pytest.raises(ValueError, match="numba is not installed"):
-        uci_fused.FusedMeanFieldSVI(model, guide, fused_adam({"lr": 1e-3}))
+        uci_fused.FusedSVI(model, guide, fused_adam({"lr": 1e-3}))
 
 
 def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
