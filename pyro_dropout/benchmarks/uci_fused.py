@@ -172,12 +172,33 @@ def _kernels():
                 gb2m[m] = sm
                 gb2v[m] = sv
 
+        golden = np.uint64(0x9E3779B97F4A7C15)
+        mix1, mix2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+        s30, s27, s31, s40 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(40)
+
+        @jit
+        def uniform(seed, counter, use, u, m, i, k):
+            # The mask's uniform: ``u[m, i, k]`` when given (the tests' fixed draws), else
+            # a counter-based draw (SplitMix64's output function of seed + counter·γ; Steele,
+            # Lea & Flood 2014): 24 random bits in [0, 1), as torch's float32 ``rand``. The
+            # backward recomputes the same masks from the same counters.
+            if use:
+                return u[m, i, k]
+            z = seed + np.uint64(counter) * golden
+            z = (z ^ (z >> s30)) * mix1
+            z = (z ^ (z >> s27)) * mix2
+            z = z ^ (z >> s31)
+            return np.float32(z >> s40) * np.float32(5.9604644775390625e-08)
+
         # MC dropout (AutoDropout, Gal & Ghahramani's W = M diag(z) + σε): per row, a keep
         # mask on each layer's inputs (z = u < 1 - p from the uniforms u), the masked
         # inputs' product with M, and the slab noise σ² Σ x² (+ σ² for the bias) shared by
-        # the row's units. σ and p are fixed, so only M and the biases get gradients.
+        # the row's units. σ and p are fixed, so only M and the biases get gradients. Mask
+        # counters: row (m, i) owns D + H of them, the first layer's inputs then the second's.
         @jit
-        def dropout_forward(x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, consts, a, f, r2):
+        def dropout_forward(
+            x, seed, use, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, consts, a, f, r2
+        ):
             floor, half, zero, slab = consts[0], consts[1], consts[2], consts[4]
             nm, nb, nh = a.shape
             nd = x.shape[2]
@@ -187,10 +208,11 @@ def _kernels():
                     for j in range(nh):
                         mean1[j] = b1[m, j]
                     ss = zero
+                    row = (m * nb + i) * (nd + nh)
                     for k in range(nd):
                         xk = x[m, i, k]
                         ss += xk * xk
-                        xz = xk if u1[m, i, k] < keep[m] else zero
+                        xz = xk if uniform(seed, row + k, use, u1, m, i, k) < keep[m] else zero
                         for j in range(nh):
                             mean1[j] += xz * w1[m, k, j]
                     sd1 = np.sqrt(max(slab * (ss + 1), floor))
@@ -201,7 +223,8 @@ def _kernels():
                         a[m, i, j] = u
                         h = max(u, zero)
                         hh += h * h
-                        mean += h * w2[m, j] if u2[m, i, j] < keep[m] else zero
+                        kept = uniform(seed, row + nd + j, use, u2, m, i, j) < keep[m]
+                        mean += h * w2[m, j] if kept else zero
                     var = slab * (hh + 1)
                     e = eps2[m, i]
                     sd = np.sqrt(max(var, floor))
@@ -209,7 +232,7 @@ def _kernels():
                     f[m, i] = mean + sd * e
 
         @jit
-        def dropout_backward(gf, x, u1, keep, a, u2, w2, r2, consts, gw1, gb1, gw2, gb2):
+        def dropout_backward(gf, x, seed, use, u1, keep, a, u2, w2, r2, consts, gw1, gb1, gw2, gb2):
             zero, two, slab = consts[2], consts[3], consts[4]
             nm, nb, nh = a.shape
             nd = x.shape[2]
@@ -225,17 +248,19 @@ def _kernels():
                     gmean = gf[m, i]
                     gvar = gmean * r2[m, i]
                     sm += gmean
+                    row = (m * nb + i) * (nd + nh)
                     for j in range(nh):
                         u = a[m, i, j]
                         h = max(u, zero)
-                        kept = u2[m, i, j] < keep[m]
+                        kept = uniform(seed, row + nd + j, use, u2, m, i, j) < keep[m]
                         gw2[m, j] += h * gmean if kept else zero
                         gh = (gmean * w2[m, j] if kept else zero) + two * slab * h * gvar
                         gj = gh if u > zero else zero
                         g[j] = gj
                         gb1[m, j] += gj
                     for k in range(nd):
-                        xz = x[m, i, k] if u1[m, i, k] < keep[m] else zero
+                        kept = uniform(seed, row + k, use, u1, m, i, k) < keep[m]
+                        xz = x[m, i, k] if kept else zero
                         for j in range(nh):
                             gw1[m, k, j] += xz * g[j]
                 gb2[m] = sm
@@ -294,22 +319,30 @@ class _GaussianMLP(torch.autograd.Function):
 
 
 class _DropoutMLP(torch.autograd.Function):
-    """The D-H-1 network's pre-activation draws under MC dropout, given the uniforms of the
-    two layers' masks, the normal noise, ``M`` of each layer (first as ``(M, D, H)``), the
-    biases' means, the keep probabilities ``(M,)`` and σ²: returns ``f`` ``(M, B)``.
-    Gradients for ``M`` and the biases' means."""
+    """The D-H-1 network's pre-activation draws under MC dropout, given the masks' uniforms
+    (``u1`` ``(M, B, D)`` and ``u2`` ``(M, B, H)``, or ``None``: drawn inside the kernels from
+    ``seed``), the normal noise, ``M`` of each layer (first as ``(M, D, H)``), the biases'
+    means, the keep probabilities ``(M,)`` and σ²: returns ``f`` ``(M, B)``. Gradients for
+    ``M`` and the biases' means."""
 
     @staticmethod
-    def forward(ctx, x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, slab_var):
+    def forward(ctx, x, seed, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, slab_var):
         _kernels()
         forward = _KERNELS["dropout_forward"]
+        use = u1 is not None
+        if not use:  # placeholders of the right type, never read
+            u1 = u2 = x.new_empty((1, 1, 1))
         a = x.new_empty(eps1.shape)
         f, r2 = x.new_empty(eps1.shape[:2]), x.new_empty(eps1.shape[:2])
         consts = _constants(x, slab_var)
-        args = map(_np, (x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2))
-        forward(*args, consts, a.numpy(), f.numpy(), r2.numpy())
+        seed = np.uint64(seed)
+        x_, u1_, keep_, w1_, b1_, eps1_, u2_, w2_, b2_, eps2_ = map(
+            _np, (x, u1, keep, w1, b1, eps1, u2, w2, b2, eps2)
+        )
+        forward(x_, seed, use, u1_, keep_, w1_, b1_, eps1_, u2_, w2_, b2_, eps2_, consts,
+                a.numpy(), f.numpy(), r2.numpy())  # fmt: skip
         ctx.save_for_backward(x, u1, keep, a, u2, w2, r2)
-        ctx.slab_var = slab_var
+        ctx.slab_var, ctx.seed, ctx.use = slab_var, seed, use
         return f
 
     @staticmethod
@@ -323,15 +356,22 @@ class _DropoutMLP(torch.autograd.Function):
             x.new_empty(w2.shape),
         )
         gb2 = x.new_empty(members)
-        args = map(_np, (gf, x, u1, keep, a, u2, w2, r2))
-        backward(*args, _constants(x, ctx.slab_var), *(t.numpy() for t in (gw1, gb1, gw2, gb2)))
-        return None, None, None, gw1, gb1, None, None, gw2, gb2, None, None
+        gf_, x_, u1_, keep_, a_, u2_, w2_, r2_ = map(_np, (gf, x, u1, keep, a, u2, w2, r2))
+        backward(gf_, x_, ctx.seed, ctx.use, u1_, keep_, a_, u2_, w2_, r2_,
+                 _constants(x, ctx.slab_var), *(t.numpy() for t in (gw1, gb1, gw2, gb2)))  # fmt: skip
+        return None, None, None, None, gw1, gb1, None, None, gw2, gb2, None, None
 
 
-def fused_loss(model, guide, x, y, num_data=None):
+def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
     """The negative ELBO of ``(model, guide)`` on the minibatch ``x`` ``(M, B, D)``, ``y``
     ``(M, B)``, as a differentiable scalar of the guide's (and the model's) parameters.
-    Raises ``ValueError`` when :func:`unsupported_reason` names a reason."""
+    Raises ``ValueError`` when :func:`unsupported_reason` names a reason.
+
+    :param masks: where AutoDropout's mask uniforms come from: ``"kernel"`` (the default,
+        counter-based draws inside the kernels, 10x cheaper than torch's CPU generator) or
+        ``"torch"`` (``torch.rand``, as the LRT rules draw them: the tests' exact check)."""
+    if masks not in ("kernel", "torch"):
+        raise ValueError(f"masks must be 'kernel' or 'torch', got {masks!r}")
     reason = unsupported_reason(model, guide)
     if reason is not None:
         raise ValueError(f"fused_loss cannot train this model: {reason}")
@@ -343,7 +383,7 @@ def fused_loss(model, guide, x, y, num_data=None):
     q = {name: guide._site_dist(name, sites[name]) for name in _SITES}
     kl = sum(kl_divergence(q[name], sites[name]["fn"]).sum() for name in _SITES)
     if isinstance(guide, AutoDropout):
-        f = _dropout_draw(model, guide, x)
+        f = _dropout_draw(model, guide, x, masks)
     else:
         f = _meanfield_draw(model, q, x)
     sd = model.noise_sd().reshape(x.shape[0], 1)
@@ -355,19 +395,26 @@ def fused_loss(model, guide, x, y, num_data=None):
     return kl - (n / batch) * log_lik
 
 
-def _dropout_draw(model, guide, x):
-    """``f`` under AutoDropout; the random numbers drawn in the order the LRT rules draw
-    them (mask, noise; first layer, then second)."""
+def _dropout_draw(model, guide, x, masks):
+    """``f`` under AutoDropout. With ``masks="torch"`` the masks' uniforms come from
+    ``torch.rand``, drawn in the order the LRT rules draw them (mask, noise; first layer,
+    then second); with ``"kernel"`` the kernels draw them from a seed that torch draws."""
     members, batch = x.shape[0], x.shape[1]
     hidden = model.layers[0].out_features
     locs = [guide._get("locs", name) for name in _SITES]
     keep = (1 - torch.as_tensor(guide.dropout_rate, dtype=x.dtype)).reshape(-1).expand(members)
-    u1 = torch.rand(members, batch, x.shape[2], dtype=x.dtype)
+    seed, u1, u2 = 0, None, None
+    if masks == "kernel":
+        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    else:
+        u1 = torch.rand(members, batch, x.shape[2], dtype=x.dtype)
     eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
-    u2 = torch.rand(members, batch, hidden, dtype=x.dtype)
+    if masks != "kernel":
+        u2 = torch.rand(members, batch, hidden, dtype=x.dtype)
     eps2 = torch.randn(members, batch, dtype=x.dtype)
     return _DropoutMLP.apply(
         x,
+        seed,
         u1,
         keep,
         locs[0].reshape(members, hidden, -1).transpose(1, 2),
@@ -415,18 +462,18 @@ class FusedSVI:
     All parameters take part in every step here, so the first step runs the guide once (which
     registers the guide's and the model's parameters) and every step updates them all."""
 
-    def __init__(self, model, guide, optim):
+    def __init__(self, model, guide, optim, masks="kernel"):
         reason = unsupported_reason(model, guide)
         if reason is not None:
             raise ValueError(f"FusedSVI cannot train this model: {reason}")
-        self.model, self.guide, self.optim = model, guide, optim
+        self.model, self.guide, self.optim, self.masks = model, guide, optim, masks
         self._params = None
 
     def step(self, x, y, num_data=None):
         if self._params is None:
             self.guide(x, y, num_data=num_data)
             self._params = [p for _, p in pyro.get_param_store().named_parameters()]
-        loss = fused_loss(self.model, self.guide, x, y, num_data)
+        loss = fused_loss(self.model, self.guide, x, y, num_data, self.masks)
         loss.backward()
         self.optim(self._params)
         for p in self._params:

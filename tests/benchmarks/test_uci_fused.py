@@ -97,7 +97,7 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, n
                     model, guide, x, y, num_data=num_data
                 )
             ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
-            fused = uci_fused.fused_loss(model, guide, x, y, num_data=num_data)
+            fused = uci_fused.fused_loss(model, guide, x, y, num_data=num_data, masks="torch")
             grads = torch.autograd.grad(fused, [params[k] for k in names])
         # both used the same noise: the hidden units' and the outputs' (and the masks)
         m = len(M_CONFIGS)
@@ -121,8 +121,8 @@ def test_fused_loss_differs_when_the_noise_does(build):
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     _setup(model, guide, x, y, 40)
     with _same_noise():
-        a = uci_fused.fused_loss(model, guide, x, y, num_data=40)
-    b = uci_fused.fused_loss(model, guide, x, y, num_data=40)
+        a = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
+    b = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
     assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
 
 
@@ -137,7 +137,7 @@ def test_fused_step_moves_every_parameter_as_svi_does(build):
         _setup(model, guide, x, y, 40)
         optim = fused_adam({"lr": 0.05})
         if fused:
-            svi = uci_fused.FusedSVI(model, guide, optim)
+            svi = uci_fused.FusedSVI(model, guide, optim, masks="torch")
         else:
             svi = pyro.infer.SVI(model, guide, optim, MeanFieldELBO(max_plate_nesting=2))
         with _same_noise(), local_reparameterization(), pyro.validation_enabled(False):
@@ -210,3 +210,58 @@ def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
     assert "numba is not installed" in capsys.readouterr().err
     cli.main(["--data-dir", str(tmp_path), "--guides", "vd", "--out", str(tmp_path)])
     assert "numba" not in capsys.readouterr().err  # the kernels serve mean-field only
+
+
+def _draws(loss_fn, params, seeds):
+    losses, grads = [], []
+    for seed in seeds:
+        pyro.set_rng_seed(seed)
+        loss = loss_fn()
+        grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+        losses.append(loss.detach())
+    return torch.stack(losses).double()[:, None], torch.stack(grads).double()
+
+
+def _z(a, b):
+    """Largest |difference of means| / its standard error over the columns (0 for columns
+    without noise, which must then agree)."""
+    se = (a.var(0) / len(a) + b.var(0) / len(b)).sqrt()
+    diff = (a.mean(0) - b.mean(0)).abs()
+    noisy = se > 1e-6 * a.abs().mean(0).clamp_min(1e-12)
+    assert torch.allclose(a.mean(0)[~noisy], b.mean(0)[~noisy], rtol=1e-4, atol=1e-6)
+    return float((diff[noisy] / se[noisy]).max())
+
+
+def test_kernel_masks_are_torchs_masks_in_distribution():
+    """The kernels' counter-based mask draws give the loss and every gradient element the
+    same mean as ``torch.rand``'s masks (400 seeds each, within 5 standard errors), and the
+    check has power: a keep probability off by 0.05 is seen."""
+    model, guide = _dropout(n=40)
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    params = list(_setup(model, guide, x, y, 40, spread=0.3).values())
+    params = [p for p in params if p.requires_grad]
+
+    def loss(masks):
+        return lambda: uci_fused.fused_loss(model, guide, x, y, num_data=40, masks=masks)
+
+    torch_draws = _draws(loss("torch"), params, range(400))
+    kernel_draws = _draws(loss("kernel"), params, range(1000, 1400))
+    assert _z(torch_draws[0], kernel_draws[0]) < 5
+    assert _z(torch_draws[1], kernel_draws[1]) < 5
+    # power: drop rates 0.05 / 0.5 -> 0.1 / 0.55 in the kernel's draws
+    guide.dropout_rate = guide.dropout_rate + 0.05
+    shifted = _draws(loss("kernel"), params, range(2000, 2400))
+    assert max(_z(torch_draws[0], shifted[0]), _z(torch_draws[1], shifted[1])) > 5
+
+
+def test_kernel_masks_differ_between_steps_and_repeat_with_the_seed():
+    model, guide = _dropout(n=40)
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    _setup(model, guide, x, y, 40)
+    pyro.set_rng_seed(5)
+    a = [uci_fused.fused_loss(model, guide, x, y, num_data=40).item() for _ in range(2)]
+    pyro.set_rng_seed(5)
+    b = [uci_fused.fused_loss(model, guide, x, y, num_data=40).item() for _ in range(2)]
+    assert a == b and a[0] != a[1]
+    with pytest.raises(ValueError, match="masks must be"):
+        uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="numpy")
