@@ -38,10 +38,17 @@ from torch.distributions import Independent, Normal, kl_divergence
 
 from .._broadcast import unexpand
 from ..distributions import BernoulliMaskedNormal
-from ..guides import AutoDropout, AutoMeanField
+from ..guides import AutoDropout, AutoMeanField, AutoVariationalDropout
 from ..handlers.lrt_rules import VARIANCE_FLOOR
 
-__all__ = ["FusedSVI", "available", "fused_loss", "supports", "unsupported_reason"]
+__all__ = [
+    "FUSED_GUIDES",
+    "FusedSVI",
+    "available",
+    "fused_loss",
+    "supports",
+    "unsupported_reason",
+]
 
 try:  # optional: the benchmark's extra (``pip install pyro-dropout[benchmarks]``)
     import numba
@@ -50,6 +57,9 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 _SITES = ("layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias")
+_GUIDES = (AutoMeanField, AutoVariationalDropout, AutoDropout)
+#: The UCI benchmark's guides (``uci_model.GUIDES``) that train on the kernels.
+FUSED_GUIDES = ("meanfield", "vd", "dropout")
 
 
 def available():
@@ -61,10 +71,10 @@ def unsupported_reason(model, guide):
     """Why the fused loss cannot train ``(model, guide)``, or ``None`` when it can."""
     if numba is None:
         return "numba is not installed (pip install 'pyro-dropout[benchmarks]')"
-    if type(guide) not in (AutoMeanField, AutoDropout):
+    if type(guide) not in _GUIDES:
         return (
-            "the fused loss is written for AutoMeanField and AutoDropout, not "
-            f"{type(guide).__name__}"
+            "the fused loss is written for AutoMeanField, AutoVariationalDropout and "
+            f"AutoDropout, not {type(guide).__name__}"
         )
     if type(guide) is AutoDropout and (guide.learn_scale or isinstance(guide.dropout_rate, dict)):
         return "the fused AutoDropout loss needs a fixed slab scale and one rate for all layers"
@@ -445,6 +455,16 @@ def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
         raise ValueError("fused_loss runs on CPU tensors (numba kernels)")
     if guide.prototype_trace is None:
         guide._setup_prototype(x, y, num_data=num_data)
+    if isinstance(guide, AutoVariationalDropout):
+        # Its KL (Molchanov's approximation in log α) does not fit the closed forms of
+        # _ClosedFormKL: the sites' distributions and the library's KL, as the ELBO does;
+        # the sites are Gaussian, so mean-field's kernels draw f.
+        sites = guide.prototype_trace.nodes
+        q = [guide._site_dist(name, sites[name]) for name in _SITES]
+        kl = sum(kl_divergence(d, sites[n]["fn"]).sum() for d, n in zip(q, _SITES, strict=True))
+        locs = [d.base_dist.loc for d in q]
+        var = [d.base_dist.variance.expand_as(loc) for d, loc in zip(q, locs, strict=True)]
+        return kl - _scaled_log_likelihood(model, _meanfield_draw(model, x, locs, var), y, num_data)
     plan = getattr(guide, "_fused_kl", None)
     if plan is None or not plan.valid_for(guide):
         plan = guide._fused_kl = _ClosedFormKL(guide)
@@ -456,13 +476,19 @@ def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
         var = [guide._get("scales", name) ** 2 for name in _SITES]
         kl = plan(locs, var)
         f = _meanfield_draw(model, x, locs, var)
-    sd = model.noise_sd().reshape(x.shape[0], 1)
-    batch = x.shape[1]
+    return kl - _scaled_log_likelihood(model, f, y, num_data)
+
+
+def _scaled_log_likelihood(model, f, y, num_data):
+    """``(N / B) Σ log N(y | f, s_m²)``: the minibatch's log-likelihood on the full-data
+    scale, as the model's ``data`` plate scales it."""
+    members, batch = f.shape
+    sd = model.noise_sd().reshape(members, 1)
     n = batch if num_data is None else int(num_data)
     z = (y - f) / sd
     log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
-    log_lik = log_lik - 0.5 * math.log(2 * math.pi) * x.shape[0] * batch
-    return kl - (n / batch) * log_lik
+    log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
+    return (n / batch) * log_lik
 
 
 def _dropout_draw(model, guide, x, masks, locs):

@@ -19,6 +19,7 @@ from pyro_dropout.infer import MeanFieldELBO, fused_adam
 pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
 
 M_CONFIGS = [{"prior_scale": s, "noise": n} for s in (0.3, 3.0) for n in (1.0, "learned")]
+V_CONFIGS = [{"noise": n} for n in (1.0, "learned", 30.0, "learned")]
 D_CONFIGS = [{"dropout_rate": p, "tau": t} for p in (0.05, 0.5) for t in (0.5, 20.0)]
 
 
@@ -39,6 +40,13 @@ def _meanfield(d=3, hidden=7, n=40, configs=M_CONFIGS, seed=0, guide="meanfield"
 
 def _dropout(**kwargs):
     return _meanfield(configs=D_CONFIGS, guide="dropout", **kwargs)
+
+
+def _vd(**kwargs):
+    return _meanfield(configs=V_CONFIGS, guide="vd", **kwargs)
+
+
+BUILD = {"meanfield": _meanfield, "dropout": _dropout, "vd": _vd}
 
 
 @contextlib.contextmanager
@@ -84,14 +92,14 @@ def _perturb(params, spread, seed):
             p.add_(spread * torch.randn(p.shape, generator=gen, dtype=p.dtype))
 
 
-@pytest.mark.parametrize("guide_name", ["meanfield", "dropout"])
+@pytest.mark.parametrize("guide_name", ["meanfield", "dropout", "vd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,num_data", [(16, 40), (5, 5)])
 def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, num_data):
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        model, guide = (_meanfield if guide_name == "meanfield" else _dropout)(n=num_data)
+        model, guide = BUILD[guide_name](n=num_data)
         x, y = torch.randn(len(M_CONFIGS), batch, 3), torch.randn(len(M_CONFIGS), batch)
         params = _setup(model, guide, x, y, num_data)
         # the first call prepares the closed-form KL: compare at other parameters
@@ -121,7 +129,7 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, n
         torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize("build", [_meanfield, _dropout])
+@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd])
 def test_fused_loss_differs_when_the_noise_does(build):
     """The equality above has power: with other noise the losses differ."""
     model, guide = build()
@@ -133,7 +141,7 @@ def test_fused_loss_differs_when_the_noise_does(build):
     assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
 
 
-@pytest.mark.parametrize("build", [_meanfield, _dropout])
+@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd])
 def test_fused_step_moves_every_parameter_as_svi_does(build):
     """One step of ``FusedSVI`` and one of Pyro's ``SVI`` with the eager loss, from
     the same parameters with the same noise, leave the same parameters."""
@@ -156,7 +164,7 @@ def test_fused_step_moves_every_parameter_as_svi_does(build):
     (loss_a, a), (loss_b, b) = after
     assert math.isclose(loss_a, loss_b, rel_tol=1e-5)
     assert sorted(a) == sorted(b)
-    assert any("learned_sd" in k for k in a) == (build is _meanfield)
+    assert any("learned_sd" in k for k in a) == (build is not _dropout)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
 
@@ -178,10 +186,10 @@ def test_train_uses_the_kernels_where_they_apply_and_says_so():
 
 def test_the_kernels_say_what_they_cannot_train(monkeypatch):
     members = uci_model.Members([{"noise": "learned"}], torch.ones(1).double(), 9)
-    model, guide, _ = uci_model.build("vd", 3, 5, members)
-    assert "AutoDropout, not AutoVariationalDropout" in uci_fused.unsupported_reason(model, guide)
+    model, guide, _ = uci_model.build("concrete", 3, 5, members)
+    assert "AutoDropout, not AutoConcreteDropout" in uci_fused.unsupported_reason(model, guide)
     x, y = torch.randn(1, 9, 3), torch.randn(1, 9)
-    with pytest.raises(ValueError, match="kernels=True: .*not AutoVariationalDropout"):
+    with pytest.raises(ValueError, match="kernels=True: .*not AutoConcreteDropout"):
         uci_model.train(model, guide, x, y, 1, 1, kernels=True)
     assert uci_model.train(model, guide, x, y, 1, 1).engine == "traced"
     model, guide = _dropout()
@@ -215,8 +223,8 @@ def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
     (tmp_path / "results.md").write_text("")
     cli.main(["--data-dir", str(tmp_path), "--guides", "meanfield", "--out", str(tmp_path)])
     assert "numba is not installed" in capsys.readouterr().err
-    cli.main(["--data-dir", str(tmp_path), "--guides", "vd", "--out", str(tmp_path)])
-    assert "numba" not in capsys.readouterr().err  # the kernels serve mean-field only
+    cli.main(["--data-dir", str(tmp_path), "--guides", "concrete", "--out", str(tmp_path)])
+    assert "numba" not in capsys.readouterr().err  # Concrete dropout has no kernels
 
 
 def _draws(loss_fn, params, seeds):

@@ -196,11 +196,12 @@ def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     datasets, per_ds = _resolve(args, parser)
-    if "meanfield" in args.guide_names and not uci_fused.available():
+    fused = [g for g in args.guide_names if g in uci_fused.FUSED_GUIDES]
+    if fused and not uci_fused.available():
         # said even with --quiet: the run is correct but several times slower
         print(
-            "note: numba is not installed, so the mean-field members train on the traced Pyro "
-            "loss instead of the fused kernels (the same estimator, about 2.5x slower per "
+            f"note: numba is not installed, so {', '.join(fused)} train on the traced Pyro "
+            "loss instead of the fused kernels (the same estimator, 2-3x slower per "
             "validation step): pip install 'pyro-dropout[benchmarks]'",
             file=sys.stderr,
         )
