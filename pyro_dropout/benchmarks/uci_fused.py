@@ -1,4 +1,5 @@
-r"""Fused training loss of the UCI engine's mean-field members (numba kernels).
+r"""Fused training loss of the UCI engine's members (numba kernels): mean-field, variational
+dropout and MC dropout.
 
 Why our own: the batched validation step (240 members × 128 rows through 8-50-1) is bound by
 element-wise passes over ``(M, B, H)`` tensors, not by its matrix products. Run as the traced
@@ -6,13 +7,15 @@ Pyro loss, local reparameterisation, the ReLU, the output layer's two products (
 ``K = 1`` or ``N = 1``) and their backward take about 25 passes over each 6 MB tensor; this
 torch build has no CPU fuser (TorchScript's NNC: "LLVM Backend not found"), and
 ``torch.compile`` cannot trace Pyro's effect handlers (``docs/benchmarks/speed.md``). Here
-one numba kernel does the forward's element-wise work and the whole output layer in one pass
-over the rows, and one more the backward: measured on kin8nm's 240 members, the step's
-element-wise work 46 → 11 ms (``docs/benchmarks/uci.md``).
+one numba kernel draws the whole D-H-1 network's pre-activations (the first layer's
+products, the noise, the ReLU, the output layer) in one pass over the rows, and one more
+accumulates every gradient: kin8nm's 240-member mean-field step 44 → 18 ms
+(``docs/benchmarks/uci.md``).
 
-The loss is the same negative ELBO as :class:`~pyro_dropout.infer.JitMeanFieldELBO` on
-:class:`~pyro_dropout.benchmarks.uci_model.BatchedRegressionMLP` with
-:class:`~pyro_dropout.AutoMeanField` under :func:`~pyro_dropout.local_reparameterization`:
+The loss is the negative ELBO of :class:`~pyro_dropout.infer.MeanFieldELBO` on
+:class:`~pyro_dropout.benchmarks.uci_model.BatchedRegressionMLP` under
+:func:`~pyro_dropout.local_reparameterization`. For the Gaussian guides
+(:class:`~pyro_dropout.AutoMeanField`, :class:`~pyro_dropout.AutoVariationalDropout`):
 
 .. math::
 
@@ -24,8 +27,11 @@ The loss is the same negative ELBO as :class:`~pyro_dropout.infer.JitMeanFieldEL
         - \frac{N}{B} \sum_{m, i} \log \mathcal N(y_{mi} \mid f_{mi}, s_m^2),
 
 with ξ ~ N(0, 1) drawn by torch's generator (``ε`` the variance floor of
-:data:`~pyro_dropout.handlers.lrt_rules.VARIANCE_FLOOR`). Given the same ξ it is the traced
-loss to rounding, value and gradients (``tests/benchmarks/test_uci_fused.py``).
+:data:`~pyro_dropout.handlers.lrt_rules.VARIANCE_FLOOR`). For
+:class:`~pyro_dropout.AutoDropout` (:math:`W = M \operatorname{diag}(z) + σε`) each layer's
+input is masked per row, :math:`a = (x \odot z_1) M_1^⊤ + μ_{b_1} + σ\sqrt{\sum x^2 + 1}\,ξ_1`,
+and likewise for the output layer. Given the same masks and noise it is the Pyro loss to
+rounding, value and gradients (``tests/benchmarks/test_uci_fused.py``).
 """
 
 from __future__ import annotations
