@@ -40,11 +40,12 @@ import math
 
 import pyro
 import torch
-from torch.distributions import Independent, Normal, kl_divergence
+from torch.distributions import Independent, Normal, kl_divergence, transform_to
 
 from .._broadcast import unexpand
 from ..distributions import BernoulliMaskedNormal
 from ..guides import AutoDropout, AutoMeanField, AutoVariationalDropout
+from ..guides.base import _deep_getattr
 from ..handlers.lrt_rules import VARIANCE_FLOOR
 
 __all__ = [
@@ -501,6 +502,11 @@ def _dropout_draw(model, guide, x, masks, locs):
     """``f`` under AutoDropout. With ``masks="torch"`` the masks' uniforms come from
     ``torch.rand``, drawn in the order the LRT rules draw them (mask, noise; first layer,
     then second); with ``"kernel"`` the kernels draw them from a seed that torch draws."""
+    return _DropoutMLP.apply(*_dropout_args(model, guide, x, masks, locs))
+
+
+def _dropout_args(model, guide, x, masks, locs):
+    """The inputs of :class:`_DropoutMLP`, random draws included."""
     members, batch = x.shape[0], x.shape[1]
     hidden = model.layers[0].out_features
     rate = torch.as_tensor(_rates(guide)[0], dtype=x.dtype)
@@ -514,20 +520,9 @@ def _dropout_draw(model, guide, x, masks, locs):
     if masks != "kernel":
         u2 = torch.rand(members, batch, hidden, dtype=x.dtype)
     eps2 = torch.randn(members, batch, dtype=x.dtype)
-    return _DropoutMLP.apply(
-        x,
-        seed,
-        u1,
-        keep,
-        locs[0].reshape(members, hidden, -1).transpose(1, 2),
-        locs[1].reshape(members, hidden),
-        eps1,
-        u2,
-        locs[2].reshape(members, hidden),
-        locs[3].reshape(members),
-        eps2,
-        guide.scale**2,
-    )
+    w1 = locs[0].reshape(members, hidden, -1).transpose(1, 2)
+    w2, b1, b2 = locs[2].reshape(members, hidden), locs[1].reshape(members, hidden), locs[3]
+    return x, seed, u1, keep, w1, b1, eps1, u2, w2, b2.reshape(members), eps2, guide.scale**2
 
 
 def _meanfield_draw(model, x, loc, var):
@@ -552,9 +547,145 @@ def _meanfield_draw(model, x, loc, var):
     return f
 
 
+class _Ctx:
+    """Stands in for autograd's context when the step calls a Function's forward and backward
+    itself (no graph is recorded)."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+class _Unconstrained:
+    """One parameter as Pyro's store holds it: the unconstrained tensor (what Adam steps) and
+    its transform to the constrained value, with the derivative of that transform."""
+
+    def __init__(self, module, dotted):
+        path, _, leaf = dotted.rpartition(".")
+        owner = _deep_getattr(module, path) if path else module
+        self.tensor = getattr(owner, leaf + "_unconstrained")
+        self.transform = transform_to(owner._pyro_params[leaf][0])
+        self.identity = self.transform == transform_to(torch.distributions.constraints.real)
+
+    def value(self):
+        return self.tensor if self.identity else self.transform(self.tensor)
+
+    def chain(self, grad, value):
+        """d loss / d unconstrained, given d loss / d value (an element-wise transform)."""
+        if self.identity:
+            return grad
+        return grad * self.transform.log_abs_det_jacobian(self.tensor, value).exp()
+
+
+class _ManualGradients:
+    """The loss of :func:`fused_loss` and its gradients written out by hand, for mean-field and
+    MC dropout: the kernels' backward for the network, the closed-form KL's derivatives
+    (:math:`∂/∂μ = 2cμ`, and for mean-field :math:`∂/∂σ^2 = c - 1/(2σ^2)`), the likelihood's
+    for ``f`` and the learned noise SDs, chained through each parameter's transform.
+
+    Why: without a graph, a 20-member final step skips autograd's and the transforms'
+    per-operation overhead (the step is bound by it, not by arithmetic). Checked against
+    autograd of :func:`fused_loss` given the same noise (``tests/benchmarks/test_uci_fused.py``).
+    """
+
+    def __init__(self, model, guide):
+        self.model, self.guide = model, guide
+        self.dropout = isinstance(guide, AutoDropout)
+        self.locs = [_Unconstrained(guide.locs, name) for name in _SITES]
+        self.scales = None if self.dropout else [_Unconstrained(guide.scales, n) for n in _SITES]
+        self.noise = None if model.learned_sd is None else _Unconstrained(model, "learned_sd")
+
+    @staticmethod
+    def applies(model, guide):
+        return type(guide) in (AutoMeanField, AutoDropout) and hasattr(guide, "locs")
+
+    def __call__(self, x, y, num_data, masks):
+        """``(loss, {unconstrained tensor: gradient})``."""
+        guide, model = self.guide, self.model
+        plan = getattr(guide, "_fused_kl", None)
+        if plan is None or not plan.valid_for(guide):
+            plan = guide._fused_kl = _ClosedFormKL(guide)
+        members, batch = x.shape[0], x.shape[1]
+        hidden = model.layers[0].out_features
+        n = batch if num_data is None else int(num_data)
+        grads = {}
+        with torch.no_grad():
+            locs = [h.tensor for h in self.locs]
+            if self.dropout:
+                kl = plan(locs)
+                f, backward = self._dropout(x, locs, masks, members, batch, hidden)
+            else:
+                sigma = [h.value() for h in self.scales]
+                var = [s * s for s in sigma]
+                kl = plan(locs, var)
+                f, backward = self._gaussian(x, locs, var, members, batch, hidden)
+            sd = model.noise_sd().reshape(members, 1)
+            z = (y - f) / sd
+            log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
+            log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
+            loss = kl - (n / batch) * log_lik
+            # d loss / d f = (N / B) (f - y) / s², and per member d loss / d s = (N / B) Σ (1 - z²) / s
+            g_loc, g_var = backward((n / batch) * (-z / sd))
+            # Gradients in the parameters' own (contiguous) layout: the kernels' first-layer
+            # gradients are transposed views, and torch's fused optimisers assume that a
+            # gradient is laid out as its parameter (autograd guarantees it; we set .grad).
+            for h, c, loc, g in zip(self.locs, plan.coef, locs, g_loc, strict=True):
+                grads[h.tensor] = (2 * c * loc + g.reshape(loc.shape)).contiguous()
+            if not self.dropout:
+                for h, c, s, v, g in zip(self.scales, plan.coef, sigma, var, g_var, strict=True):
+                    g_v = (c - 0.5 / v) + g.reshape(v.shape)
+                    grads[h.tensor] = h.chain(g_v * 2 * s, s).contiguous()
+            if self.noise is not None:
+                g_sd = (n / batch) * ((1 - z * z) / sd).sum(-1, keepdim=True)
+                g_sd = torch.where(model.learned, g_sd, torch.zeros_like(g_sd))
+                grads[self.noise.tensor] = self.noise.chain(g_sd, self.noise.value())
+        return loss.item(), grads
+
+    def _gaussian(self, x, locs, var, members, batch, hidden):
+        ctx = _Ctx()
+        w1m = locs[0].reshape(members, hidden, -1).transpose(1, 2)
+        w1v = var[0].reshape(members, hidden, -1).transpose(1, 2)
+        eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
+        eps2 = torch.randn(members, batch, dtype=x.dtype)
+        f = _GaussianMLP.forward(
+            ctx,
+            x,
+            w1m,
+            w1v,
+            locs[1].reshape(members, hidden),
+            var[1].reshape(members, hidden),
+            locs[2].reshape(members, hidden),
+            var[2].reshape(members, hidden),
+            locs[3].reshape(members),
+            var[3].reshape(members),
+            eps1,
+            eps2,
+        )
+
+        def backward(gf):
+            _, gw1m, gw1v, gb1m, gb1v, gm2, gv2, gb2m, gb2v, _, _ = _GaussianMLP.backward(ctx, gf)
+            g_loc = [gw1m.transpose(1, 2), gb1m, gm2, gb2m]
+            g_var = [gw1v.transpose(1, 2), gb1v, gv2, gb2v]
+            return g_loc, g_var
+
+        return f, backward
+
+    def _dropout(self, x, locs, masks, members, batch, hidden):
+        ctx = _Ctx()
+        f = _DropoutMLP.forward(ctx, *_dropout_args(self.model, self.guide, x, masks, locs))
+
+        def backward(gf):
+            out = _DropoutMLP.backward(ctx, gf)
+            gw1, gb1, gw2, gb2 = out[4], out[5], out[8], out[9]
+            return [gw1.transpose(1, 2), gb1, gw2, gb2], None
+
+        return f, backward
+
+
 class FusedSVI:
     """``SVI.step`` with :func:`fused_loss`: the loss, its gradients and one step of
     ``optim`` (a :class:`pyro.optim.PyroOptim`) over every parameter in Pyro's store.
+    Mean-field and MC dropout take their gradients from :class:`_ManualGradients` (no
+    autograd graph); variational dropout from autograd of :func:`fused_loss`.
 
     Why not ``pyro.infer.SVI(model, guide, optim, loss=fused_loss)``: SVI finds the
     parameters to step by tracing ``pyro.param`` calls, and a ``PyroModule`` makes them only
@@ -562,20 +693,30 @@ class FusedSVI:
     All parameters take part in every step here, so the first step runs the guide once (which
     registers the guide's and the model's parameters) and every step updates them all."""
 
-    def __init__(self, model, guide, optim, masks="kernel"):
+    def __init__(self, model, guide, optim, masks="kernel", manual=True):
         reason = unsupported_reason(model, guide)
         if reason is not None:
             raise ValueError(f"FusedSVI cannot train this model: {reason}")
         self.model, self.guide, self.optim, self.masks = model, guide, optim, masks
+        self.manual = manual and _ManualGradients.applies(model, guide)
         self._params = None
+        self._grads = None
 
     def step(self, x, y, num_data=None):
         if self._params is None:
             self.guide(x, y, num_data=num_data)
             self._params = [p for _, p in pyro.get_param_store().named_parameters()]
-        loss = fused_loss(self.model, self.guide, x, y, num_data, self.masks)
-        loss.backward()
+            if self.manual:
+                self._grads = _ManualGradients(self.model, self.guide)
+        if self.manual:
+            loss, grads = self._grads(x, y, num_data, self.masks)
+            for p in self._params:
+                p.grad = grads.get(p)
+        else:
+            loss = fused_loss(self.model, self.guide, x, y, num_data, self.masks)
+            loss.backward()
+            loss = loss.item()
         self.optim(self._params)
         for p in self._params:
             p.grad = None
-        return loss.item()
+        return loss

@@ -14,7 +14,7 @@ import torch
 
 from pyro_dropout import local_reparameterization
 from pyro_dropout.benchmarks import uci_fused, uci_model
-from pyro_dropout.infer import MeanFieldELBO, fused_adam
+from pyro_dropout.infer import FusedOptim, MeanFieldELBO, fused_adam
 
 pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
 
@@ -150,7 +150,7 @@ def test_fused_step_moves_every_parameter_as_svi_does(build):
     for fused in (False, True):
         model, guide = build()
         _setup(model, guide, x, y, 40)
-        optim = fused_adam({"lr": 0.05})
+        optim = FusedOptim(torch.optim.SGD, {"lr": 1e-4})  # a step is the gradient
         if fused:
             svi = uci_fused.FusedSVI(model, guide, optim, masks="torch")
         else:
@@ -300,3 +300,36 @@ def test_closed_form_kl_follows_a_new_prototype_or_new_rates():
         fused = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
     assert guide._fused_kl is not plan
     assert math.isclose(fused.item(), ref.item(), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("build", [_meanfield, _dropout])
+def test_manual_gradients_are_autograds(build, dtype):
+    """The hand-written gradients of mean-field and MC dropout (no graph) are autograd's of
+    ``fused_loss``, for every parameter, given the same noise and masks."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model, guide = build()
+        x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+        params = _setup(model, guide, x, y, 40)
+        uci_fused.fused_loss(model, guide, x, y, num_data=40)  # prepares the closed-form KL
+        _perturb(params, 0.3, seed=3)
+        manual = uci_fused._ManualGradients(model, guide)
+        with _same_noise():
+            loss, grads = manual(x, y, 40, "torch")
+            ref = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
+            names = sorted(params)
+            ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
+    finally:
+        torch.set_default_dtype(default)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert math.isclose(loss, ref.item(), rel_tol=tol)
+    assert set(grads) == {params[k] for k in names}
+    for k, g in zip(names, ref_grads, strict=True):
+        if g.abs().max() == 0:  # dropout's fixed scales have no gradient and take no step
+            assert k.endswith("learned_sd") or "scales" in k
+            continue
+        got = grads[params[k]]
+        assert got.shape == g.shape and got.is_contiguous()  # fused optimisers need it
+        torch.testing.assert_close(got, g, rtol=tol, atol=tol * g.abs().max().item(), msg=k)
