@@ -40,10 +40,12 @@ import math
 
 import pyro
 import torch
+import torch.nn.functional as F
 from torch.distributions import Independent, Normal, kl_divergence, transform_to
 
 from .._broadcast import unexpand
 from ..distributions import BernoulliMaskedNormal
+from ..distributions import kl as _kl
 from ..guides import AutoDropout, AutoMeanField, AutoVariationalDropout
 from ..guides.base import _deep_getattr
 from ..handlers.lrt_rules import VARIANCE_FLOOR
@@ -590,26 +592,46 @@ class _ManualGradients:
     def __init__(self, model, guide):
         self.model, self.guide = model, guide
         self.dropout = isinstance(guide, AutoDropout)
+        self.vd = isinstance(guide, AutoVariationalDropout)
         self.locs = [_Unconstrained(guide.locs, name) for name in _SITES]
-        self.scales = None if self.dropout else [_Unconstrained(guide.scales, n) for n in _SITES]
         self.noise = None if model.learned_sd is None else _Unconstrained(model, "learned_sd")
+        if self.vd:  # weights: θ and log σ²; biases: Normal(μ, softplus(ρ)) under Normal priors
+            self.log_var = {i: _Unconstrained(guide.log_sigma2, _SITES[i]) for i in (0, 2)}
+            self.scales = {i: _Unconstrained(guide.scales, _SITES[i]) for i in (1, 3)}
+            sites = guide.prototype_trace.nodes
+            self.bias_prior = {}
+            for i in (1, 3):
+                prior = sites[_SITES[i]]["fn"]
+                prior = prior.base_dist if isinstance(prior, Independent) else prior
+                if not isinstance(prior, Normal) or bool((unexpand(prior.loc) != 0).any()):
+                    raise ValueError("the hand-written VD gradients need zero-mean Normal priors")
+                self.bias_prior[i] = unexpand(prior.scale).detach()
+        else:
+            self.scales = (
+                None if self.dropout else [_Unconstrained(guide.scales, n) for n in _SITES]
+            )
 
     @staticmethod
     def applies(model, guide):
-        return type(guide) in (AutoMeanField, AutoDropout) and hasattr(guide, "locs")
+        if type(guide) is AutoVariationalDropout:
+            # written for one log σ² per weight and Molchanov's KL
+            return guide.alpha == "weight" and _kl._approximation == "molchanov"
+        return type(guide) in (AutoMeanField, AutoDropout)
 
     def __call__(self, x, y, num_data, masks):
         """``(loss, {unconstrained tensor: gradient})``."""
         guide, model = self.guide, self.model
-        plan = getattr(guide, "_fused_kl", None)
-        if plan is None or not plan.valid_for(guide):
-            plan = guide._fused_kl = _ClosedFormKL(guide)
         members, batch = x.shape[0], x.shape[1]
         hidden = model.layers[0].out_features
         n = batch if num_data is None else int(num_data)
         grads = {}
         with torch.no_grad():
             locs = [h.tensor for h in self.locs]
+            if self.vd:
+                return self._vd(x, y, n, locs, members, batch, hidden)
+            plan = getattr(guide, "_fused_kl", None)
+            if plan is None or not plan.valid_for(guide):
+                plan = guide._fused_kl = _ClosedFormKL(guide)
             if self.dropout:
                 kl = plan(locs)
                 f, backward = self._dropout(x, locs, masks, members, batch, hidden)
@@ -638,6 +660,55 @@ class _ManualGradients:
                 g_sd = (n / batch) * ((1 - z * z) / sd).sum(-1, keepdim=True)
                 g_sd = torch.where(model.learned, g_sd, torch.zeros_like(g_sd))
                 grads[self.noise.tensor] = self.noise.chain(g_sd, self.noise.value())
+        return loss.item(), grads
+
+    def _vd(self, x, y, n, locs, members, batch, hidden):
+        r"""Variational dropout: weights :math:`\mathcal N(θ, \exp(\log σ^2))` with
+        Molchanov's KL in :math:`\log α = \operatorname{clip}(\log σ^2 - \log(θ^2 + ε))`
+        (``pyro_dropout.distributions.kl``), biases Normal with Normal priors."""
+        grads, kl, var, sigma = {}, 0.0, [None] * 4, {}
+        lo, hi = _kl.LOG_ALPHA_RANGE
+        tiny = torch.finfo(x.dtype).tiny
+        d_log_var, d_loc = {}, {}
+        for i, h in self.log_var.items():
+            log_var, loc = h.tensor, locs[i]
+            var[i] = log_var.exp()
+            raw = log_var - torch.log(loc * loc + tiny)
+            log_alpha = raw.clamp(lo, hi)
+            sig = torch.sigmoid(_kl.K2 + _kl.K3 * log_alpha)
+            kl = kl - (_kl.K1 * sig - 0.5 * F.softplus(-log_alpha) - _kl.K1).sum()
+            # d KL / d log α, zero where the clip holds (hardtanh's gradient)
+            g = -(_kl.K1 * _kl.K3 * sig * (1 - sig) + 0.5 * torch.sigmoid(-log_alpha))
+            g = torch.where((raw > lo) & (raw < hi), g, torch.zeros_like(g))
+            d_log_var[i] = g
+            d_loc[i] = g * (-2 * loc / (loc * loc + tiny))
+        for i, h in self.scales.items():
+            s, loc, s0 = h.value(), locs[i], self.bias_prior[i]
+            sigma[i], var[i] = s, s * s
+            c = 0.5 / (s0 * s0)
+            kl = kl + ((var[i] + loc * loc) * c - torch.log(s)).sum()
+            kl = kl + ((torch.log(s0) - 0.5) * torch.ones_like(loc)).sum()
+            d_loc[i] = 2 * c * loc
+            d_log_var[i] = c - 0.5 / var[i]  # here: d KL / d σ²
+        f, backward = self._gaussian(x, locs, var, members, batch, hidden)
+        sd = self.model.noise_sd().reshape(members, 1)
+        z = (y - f) / sd
+        log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
+        log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
+        loss = kl - (n / batch) * log_lik
+        g_loc, g_var = backward((n / batch) * (-z / sd))
+        for i, h in enumerate(self.locs):
+            grads[h.tensor] = (d_loc[i] + g_loc[i].reshape(locs[i].shape)).contiguous()
+        for i, h in self.log_var.items():  # d / d log σ² = σ² d / d σ²
+            g = d_log_var[i] + g_var[i].reshape(var[i].shape) * var[i]
+            grads[h.tensor] = g.contiguous()
+        for i, h in self.scales.items():
+            g_v = d_log_var[i] + g_var[i].reshape(var[i].shape)
+            grads[h.tensor] = h.chain(g_v * 2 * sigma[i], sigma[i]).contiguous()
+        if self.noise is not None:
+            g_sd = (n / batch) * ((1 - z * z) / sd).sum(-1, keepdim=True)
+            g_sd = torch.where(self.model.learned, g_sd, torch.zeros_like(g_sd))
+            grads[self.noise.tensor] = self.noise.chain(g_sd, self.noise.value())
         return loss.item(), grads
 
     def _gaussian(self, x, locs, var, members, batch, hidden):
@@ -707,7 +778,10 @@ class FusedSVI:
             self.guide(x, y, num_data=num_data)
             self._params = [p for _, p in pyro.get_param_store().named_parameters()]
             if self.manual:
-                self._grads = _ManualGradients(self.model, self.guide)
+                try:
+                    self._grads = _ManualGradients(self.model, self.guide)
+                except ValueError:  # a prior the hand-written gradients do not cover
+                    self.manual = False
         if self.manual:
             loss, grads = self._grads(x, y, num_data, self.masks)
             for p in self._params:
