@@ -657,6 +657,7 @@ def evaluate(
     jit=True,
     budget=None,
     draws="weights",
+    kernels=None,
 ):
     r"""MC-dropout style test metrics of every member, streamed over chunks of samples.
 
@@ -696,6 +697,10 @@ def evaluate(
     ``budget`` elements (default :data:`_CHUNK_BUDGET`), split into blocks of rows; a block of
     rows is drawn exactly as in a full pass (other random numbers, the same distribution).
     ``jit``: run each pass through a traced graph (see :class:`_Draw`).
+    ``kernels``: weight draws through :class:`~pyro_dropout.benchmarks.uci_fused.FusedDraw`
+    (the guide's weights, the forward in a numba kernel, all rows at once): ``None`` (the
+    default) where it applies (``jit``, weight draws, one output, CPU tensors, numba
+    installed), ``True`` always (``ValueError`` naming why not), ``False`` never.
     """
     if draws not in MC_DRAWS:
         raise ValueError(f"evaluate: draws must be one of {MC_DRAWS}, got {draws!r}")
@@ -712,13 +717,24 @@ def evaluate(
     width = xm.shape[-1] + sum(layer.out_features for layer in model.layers)
     budget = _CHUNK_BUDGET if budget is None else budget
     rows, chunk = _eval_blocks(m, n, width, num_samples, budget)
+    if kernels is None:
+        kernels = (
+            jit and draws == "weights" and dev.type == "cpu" and uci_fused.predict_supports(model)
+        )
+    if kernels:
+        if draws != "weights":
+            raise ValueError("evaluate(kernels=True) draws weights: pass draws='weights'")
+        draw = uci_fused.FusedDraw(model, guide)  # ValueError naming why not
+        # the kernel streams the rows: chunks of passes whose (c, M, N) draws fit the budget
+        rows, chunk = n, max(1, min(num_samples, budget // max(1, m * n)))
+    else:
+        draw = _Draw(model, guide, jit)
     total = torch.zeros(m, n, dtype=torch.float64, device=dev)
     lse = torch.full((m, n), -math.inf, dtype=torch.float64, device=dev)
     noise_var = torch.zeros(m, dtype=torch.float64, device=dev)  # heteroscedastic: Σ σ²
     factors = None if tau_factors is None else tau_factors.double().to(dev)
     if factors is not None:
         lse_scan = torch.full((len(factors), m, n), -math.inf, dtype=torch.float64, device=dev)
-    draw = _Draw(model, guide, jit)
     kept = []
     with (
         pyro.validation_enabled(False),

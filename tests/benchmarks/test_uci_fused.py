@@ -317,7 +317,9 @@ def test_manual_gradients_are_autograds(build, dtype):
         _perturb(params, 0.3, seed=3)
         if build is _vd:  # θ = 0 puts log α above its clip range: no KL gradient there
             with torch.no_grad():
-                next(p for k, p in params.items() if k.endswith("locs.layers.0.weight"))[0, 0, :2] = 0
+                next(p for k, p in params.items() if k.endswith("locs.layers.0.weight"))[
+                    0, 0, :2
+                ] = 0
         manual = uci_fused._ManualGradients(model, guide)
         with _same_noise():
             loss, grads = manual(x, y, 40, "torch")
@@ -336,3 +338,39 @@ def test_manual_gradients_are_autograds(build, dtype):
         got = grads[params[k]]
         assert got.shape == g.shape and got.is_contiguous()  # fused optimisers need it
         torch.testing.assert_close(got, g, rtol=tol, atol=tol * g.abs().max().item(), msg=k)
+
+
+@pytest.mark.parametrize("guide_name", ["meanfield", "dropout", "vd", "concrete"])
+def test_fused_draw_is_the_model_on_the_guides_weights(guide_name):
+    """Given the same seed, the kernel's Monte-Carlo passes are the model replayed on the same
+    weight draws of the guide (any guide: the kernel only runs the network)."""
+    configs = {"concrete": [{"noise": "learned"}] * 4}.get(guide_name)
+    build = BUILD.get(guide_name, _meanfield)
+    model, guide = build(configs=configs, guide=guide_name) if configs else build()
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    _setup(model, guide, x, y, 40, spread=0.2)
+    pyro.set_rng_seed(3)
+    with torch.no_grad(), pyro.validation_enabled(False):
+        fused = uci_fused.FusedDraw(model, guide)(x, 5)
+    pyro.set_rng_seed(3)
+    with torch.no_grad(), pyro.validation_enabled(False):
+        ref = uci_model._Draw(model, guide, jit=False)._eager(x, 5, 16)
+    assert fused.shape == ref.shape == (5, 4, 16)
+    assert fused.std(0).min() > 0  # the passes differ
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_evaluate_says_when_the_fused_draw_cannot_serve():
+    hetero = uci_model.Members([{"noise": "heteroscedastic"}], torch.ones(1).double(), 9)
+    model, guide, _ = uci_model.build("meanfield-hetero", 3, 5, hetero)
+    x, y = torch.randn(1, 9, 3), torch.randn(1, 9)
+    guide(x, y)
+    args = (model, guide, x, y, 1, torch.zeros(1), torch.ones(1), torch.ones(1), 4)
+    with pytest.raises(ValueError, match="heteroscedastic"):
+        uci_model.evaluate(*args, kernels=True)
+    assert uci_model.evaluate(*args).ll.isfinite().all()  # the traced draw serves it
+    model, guide = _meanfield()
+    guide(torch.randn(4, 9, 3), torch.randn(4, 9))
+    args = (model, guide, torch.randn(4, 9, 3), torch.randn(4, 9), 1, torch.zeros(4))
+    with pytest.raises(ValueError, match="draws weights"):
+        uci_model.evaluate(*args, torch.ones(4), torch.ones(4), 4, kernels=True, draws="examples")
