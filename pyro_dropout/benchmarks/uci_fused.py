@@ -1,5 +1,5 @@
 r"""Fused training loss of the UCI engine's members (numba kernels): mean-field, variational
-dropout and MC dropout.
+dropout, MC dropout and Concrete dropout.
 
 Why our own: the batched validation step (240 members × 128 rows through 8-50-1) is bound by
 element-wise passes over ``(M, B, H)`` tensors, not by its matrix products. Run as the traced
@@ -30,8 +30,10 @@ with ξ ~ N(0, 1) drawn by torch's generator (``ε`` the variance floor of
 :data:`~pyro_dropout.handlers.lrt_rules.VARIANCE_FLOOR`). For
 :class:`~pyro_dropout.AutoDropout` (:math:`W = M \operatorname{diag}(z) + σε`) each layer's
 input is masked per row, :math:`a = (x \odot z_1) M_1^⊤ + μ_{b_1} + σ\sqrt{\sum x^2 + 1}\,ξ_1`,
-and likewise for the output layer. Given the same masks and noise it is the Pyro loss to
-rounding, value and gradients (``tests/benchmarks/test_uci_fused.py``).
+and likewise for the output layer; :class:`~pyro_dropout.AutoConcreteDropout` likewise with
+relaxed masks and each layer's output scaled by :math:`1/(1-p)`. Given the same masks and
+noise it is the Pyro loss to rounding, value and gradients
+(``tests/benchmarks/test_uci_fused.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from torch.distributions import Independent, Normal, kl_divergence, transform_to
 from .._broadcast import unexpand
 from ..distributions import BernoulliMaskedNormal
 from ..distributions import kl as _kl
-from ..guides import AutoDropout, AutoMeanField, AutoVariationalDropout
+from ..guides import AutoConcreteDropout, AutoDropout, AutoMeanField, AutoVariationalDropout
 from ..guides.base import _deep_getattr
 from ..handlers.lrt_rules import VARIANCE_FLOOR
 
@@ -68,9 +70,9 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 _SITES = ("layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias")
-_GUIDES = (AutoMeanField, AutoVariationalDropout, AutoDropout)
+_GUIDES = (AutoMeanField, AutoVariationalDropout, AutoDropout, AutoConcreteDropout)
 #: The UCI benchmark's guides (``uci_model.GUIDES``) that train on the kernels.
-FUSED_GUIDES = ("meanfield", "vd", "dropout")
+FUSED_GUIDES = ("meanfield", "vd", "dropout", "concrete", "concrete-tau")
 
 
 def available():
@@ -84,11 +86,13 @@ def unsupported_reason(model, guide):
         return "numba is not installed (pip install 'pyro-dropout[benchmarks]')"
     if type(guide) not in _GUIDES:
         return (
-            "the fused loss is written for AutoMeanField, AutoVariationalDropout and "
-            f"AutoDropout, not {type(guide).__name__}"
+            "the fused loss is written for AutoMeanField, AutoVariationalDropout, AutoDropout "
+            f"and AutoConcreteDropout, not {type(guide).__name__}"
         )
     if type(guide) is AutoDropout and (guide.learn_scale or isinstance(guide.dropout_rate, dict)):
         return "the fused AutoDropout loss needs a fixed slab scale and one rate for all layers"
+    if type(guide) is AutoConcreteDropout and guide.rate_per != "layer":
+        return "the fused AutoConcreteDropout loss needs one rate per layer (rate_per='layer')"
     if getattr(model, "heteroscedastic", True):
         return "the fused loss has one output (no heteroscedastic head)"
     if len(model.layers) != 2 or model.layers[1].out_features != 1:
@@ -314,14 +318,109 @@ def _kernels():
                         f[t, m, i] = out
 
         _KERNELS["predict"] = predict
+
+        # Concrete dropout (AutoConcreteDropout, one learned rate per layer and member): as MC
+        # dropout, with the relaxed keep masks z = σ(-(logit p + logit u) / t) (drawn by
+        # torch: its vectorised logit and sigmoid; the kernels' scalar log and exp took longer
+        # than the whole traced step) and the layer's output scaled by 1 / (1 - p) (the mean
+        # weight m' = (1 - p) M). Gradients also for logit p (∂z/∂ logit p = -z (1 - z) / t)
+        # and 1 / (1 - p) of each layer; torch chains them to p.
+        @jit
+        def concrete_forward(x, z1, z2, inv1, inv2, w1, b1, eps1, w2, b2, eps2, consts, a, f, r2):
+            floor, half, zero, slab = consts[0], consts[1], consts[2], consts[4]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            mean1 = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for i in range(nb):
+                    for j in range(nh):
+                        mean1[j] = zero
+                    ss = zero
+                    for k in range(nd):
+                        xk = x[m, i, k]
+                        ss += xk * xk
+                        xz = xk * z1[m, i, k]
+                        for j in range(nh):
+                            mean1[j] += xz * w1[m, k, j]
+                    sd1 = np.sqrt(max(slab * (ss + 1), floor))
+                    s2 = zero
+                    hh = zero
+                    for j in range(nh):
+                        u = b1[m, j] + inv1[m] * mean1[j] + sd1 * eps1[m, i, j]
+                        a[m, i, j] = u
+                        h = max(u, zero)
+                        hh += h * h
+                        s2 += h * z2[m, i, j] * w2[m, j]
+                    var = slab * (hh + 1)
+                    e = eps2[m, i]
+                    sd = np.sqrt(max(var, floor))
+                    r2[m, i] = half * e / sd if var > floor else zero
+                    f[m, i] = b2[m] + inv2[m] * s2 + sd * e
+
+        @jit
+        def concrete_backward(
+            gf, x, z1, z2, inv1, inv2, w1, a, w2, r2, consts,
+            gw1, gb1, gw2, gb2, glp1, glp2, ginv1, ginv2,
+        ):  # fmt: skip
+            zero, two, slab, inv_t = consts[2], consts[3], consts[4], consts[6]
+            nm, nb, nh = a.shape
+            nd = x.shape[2]
+            g = np.empty(nh, dtype=a.dtype)
+            for m in range(nm):
+                for j in range(nh):
+                    gb1[m, j] = zero
+                    gw2[m, j] = zero
+                    for k in range(nd):
+                        gw1[m, k, j] = zero
+                sb2 = zero
+                slp1 = zero
+                slp2 = zero
+                sinv1 = zero
+                sinv2 = zero
+                for i in range(nb):
+                    gmean = gf[m, i]
+                    gvar = gmean * r2[m, i]
+                    sb2 += gmean
+                    for j in range(nh):
+                        u = a[m, i, j]
+                        h = max(u, zero)
+                        z = z2[m, i, j]
+                        hw = gmean * h * w2[m, j]
+                        gw2[m, j] += gmean * inv2[m] * h * z
+                        sinv2 += hw * z
+                        slp2 -= inv2[m] * hw * z * (1 - z) * inv_t
+                        gh = gmean * inv2[m] * z * w2[m, j] + two * slab * h * gvar
+                        gj = gh if u > zero else zero
+                        g[j] = gj
+                        gb1[m, j] += gj
+                    for k in range(nd):
+                        z = z1[m, i, k]
+                        xk = x[m, i, k]
+                        s1 = zero  # Σ_j g_j W1[k, j]
+                        for j in range(nh):
+                            gw1[m, k, j] += inv1[m] * xk * z * g[j]
+                            s1 += g[j] * w1[m, k, j]
+                        sinv1 += xk * z * s1
+                        slp1 -= inv1[m] * s1 * xk * z * (1 - z) * inv_t
+                gb2[m] = sb2
+                glp1[m] = slp1
+                glp2[m] = slp2
+                ginv1[m] = sinv1
+                ginv2[m] = sinv2
+
+        _KERNELS["concrete_forward"] = concrete_forward
+        _KERNELS["concrete_backward"] = concrete_backward
         _KERNELS["forward"], _KERNELS["backward"] = forward, backward
     return _KERNELS["forward"], _KERNELS["backward"]
 
 
-def _constants(like, slab_var=0.0):
-    """The kernels' constants (variance floor, 1/2, 0, 2, the slab variance σ²) in ``like``'s
-    dtype: float32 data then runs float32 arithmetic throughout."""
-    return np.array([VARIANCE_FLOOR, 0.5, 0.0, 2.0, slab_var], dtype=_np(like).dtype)
+def _constants(like, slab_var=0.0, inv_temperature=0.0):
+    """The kernels' constants (variance floor, 1/2, 0, 2, the slab variance σ², the clamp of
+    the uniforms in ``logit u`` (the dtype's eps, as ``torch.logit(u, eps)``), 1 / t) in
+    ``like``'s dtype: float32 data then runs float32 arithmetic throughout."""
+    dtype = _np(like).dtype
+    eps = np.finfo(dtype).eps
+    return np.array([VARIANCE_FLOOR, 0.5, 0.0, 2.0, slab_var, eps, inv_temperature], dtype=dtype)
 
 
 def _np(t):
@@ -473,6 +572,83 @@ class _ClosedFormKL:
         return sum(terms) + self.const
 
 
+class _ConcreteMLP(torch.autograd.Function):
+    """The D-H-1 network's pre-activation draws under Concrete dropout, given the relaxed keep
+    masks ``z1`` ``(M, B, D)`` and ``z2`` ``(M, B, H)`` (drawn from ``logit p``: the gradient to
+    ``logit p`` of each layer comes back through ``lp1``/``lp2``, which only the backward
+    reads), ``1 / (1 - p)`` of each layer ``(M,)``, the mean weights ``m'`` (first as
+    ``(M, D, H)``), the biases' means, the noise, σ² and 1 / t: returns ``f`` ``(M, B)``."""
+
+    @staticmethod
+    def forward(ctx, x, z1, z2, lp1, lp2, inv1, inv2, w1, b1, eps1, w2, b2, eps2, slab_var, inv_t):
+        _kernels()
+        a = x.new_empty(eps1.shape)
+        f, r2 = x.new_empty(eps1.shape[:2]), x.new_empty(eps1.shape[:2])
+        consts = _constants(x, slab_var, inv_t)
+        arrays = [_np(t) for t in (x, z1, z2, inv1, inv2, w1, b1, eps1, w2, b2, eps2)]
+        _KERNELS["concrete_forward"](*arrays, consts, a.numpy(), f.numpy(), r2.numpy())
+        ctx.save_for_backward(x, z1, z2, inv1, inv2, w1, a, w2, r2)
+        ctx.consts = consts
+        return f
+
+    @staticmethod
+    def backward(ctx, gf):
+        x, z1, z2, inv1, inv2, w1, a, w2, r2 = ctx.saved_tensors
+        members, _, d = x.shape
+        hidden = w2.shape[1]
+        gw1 = x.new_empty(members, d, hidden)
+        gb1, gw2 = x.new_empty(members, hidden), x.new_empty(members, hidden)
+        gb2, glp1, glp2, ginv1, ginv2 = (x.new_empty(members) for _ in range(5))
+        outs = (gw1, gb1, gw2, gb2, glp1, glp2, ginv1, ginv2)
+        arrays = [_np(t) for t in (gf, x, z1, z2, inv1, inv2, w1, a, w2, r2)]
+        _KERNELS["concrete_backward"](*arrays, ctx.consts, *(t.numpy() for t in outs))
+        # x, z1, z2, lp1, lp2, inv1, inv2, w1, b1, eps1, w2, b2, eps2, slab_var, inv_t
+        return (None, None, None, glp1, glp2, ginv1, ginv2, gw1, gb1, None, gw2, gb2, None,
+                None, None)  # fmt: skip
+
+
+def _concrete_draw(model, guide, x):
+    """``f`` under AutoConcreteDropout (relaxed masks, one rate per layer); the random numbers
+    drawn as the LRT rules draw them (mask, noise; first layer, then second), the masks by
+    the same expression as :func:`~pyro_dropout.distributions.concrete_keep_mask`."""
+    if not guide.relaxed:
+        raise ValueError("the fused Concrete loss draws relaxed masks: train with gradients on")
+    members, batch = x.shape[0], x.shape[1]
+    hidden = model.layers[0].out_features
+    locs = [guide._get("locs", name) for name in _SITES]
+    rates = [guide._rate(name).reshape(members) for name in (_SITES[0], _SITES[2])]
+    lp = [torch.logit(p) for p in rates]
+    inv = [torch.reciprocal(1 - p) for p in rates]
+    scale, eps = -1.0 / guide.temperature, torch.finfo(x.dtype).eps
+
+    def keep(logit_p, shape):
+        noise = torch.logit(torch.rand(shape, dtype=x.dtype), eps=eps)
+        lp_ = logit_p.detach().reshape((members,) + (1,) * (len(shape) - 1))
+        return torch.sigmoid(torch.add(lp_ * scale, noise, alpha=scale))
+
+    z1 = keep(lp[0], (members, batch, x.shape[2]))
+    eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
+    z2 = keep(lp[1], (members, batch, hidden))
+    eps2 = torch.randn(members, batch, dtype=x.dtype)
+    return _ConcreteMLP.apply(
+        x,
+        z1,
+        z2,
+        lp[0],
+        lp[1],
+        inv[0],
+        inv[1],
+        locs[0].reshape(members, hidden, -1).transpose(1, 2),
+        locs[1].reshape(members, hidden),
+        eps1,
+        locs[2].reshape(members, hidden),
+        locs[3].reshape(members),
+        eps2,
+        guide.scale**2,
+        1.0 / guide.temperature,
+    )
+
+
 def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
     """The negative ELBO of ``(model, guide)`` on the minibatch ``x`` ``(M, B, D)``, ``y``
     ``(M, B)``, as a differentiable scalar of the guide's (and the model's) parameters.
@@ -490,16 +666,20 @@ def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
         raise ValueError("fused_loss runs on CPU tensors (numba kernels)")
     if guide.prototype_trace is None:
         guide._setup_prototype(x, y, num_data=num_data)
-    if isinstance(guide, AutoVariationalDropout):
+    if isinstance(guide, (AutoVariationalDropout, AutoConcreteDropout)):
         # Its KL (Molchanov's approximation in log α) does not fit the closed forms of
         # _ClosedFormKL: the sites' distributions and the library's KL, as the ELBO does;
         # the sites are Gaussian, so mean-field's kernels draw f.
         sites = guide.prototype_trace.nodes
         q = [guide._site_dist(name, sites[name]) for name in _SITES]
         kl = sum(kl_divergence(d, sites[n]["fn"]).sum() for d, n in zip(q, _SITES, strict=True))
-        locs = [d.base_dist.loc for d in q]
-        var = [d.base_dist.variance.expand_as(loc) for d, loc in zip(q, locs, strict=True)]
-        return kl - _scaled_log_likelihood(model, _meanfield_draw(model, x, locs, var), y, num_data)
+        if isinstance(guide, AutoConcreteDropout):
+            f = _concrete_draw(model, guide, x)  # torch's masks (see _ConcreteMLP)
+        else:
+            locs = [d.base_dist.loc for d in q]
+            var = [d.base_dist.variance.expand_as(loc) for d, loc in zip(q, locs, strict=True)]
+            f = _meanfield_draw(model, x, locs, var)
+        return kl - _scaled_log_likelihood(model, f, y, num_data)
     plan = getattr(guide, "_fused_kl", None)
     if plan is None or not plan.valid_for(guide):
         plan = guide._fused_kl = _ClosedFormKL(guide)
@@ -619,7 +799,10 @@ class _ManualGradients:
         self.model, self.guide = model, guide
         self.dropout = isinstance(guide, AutoDropout)
         self.vd = isinstance(guide, AutoVariationalDropout)
+        self.concrete = isinstance(guide, AutoConcreteDropout)
         self.locs = [_Unconstrained(guide.locs, name) for name in _SITES]
+        if self.concrete:
+            self._init_concrete(guide)
         self.noise = None if model.learned_sd is None else _Unconstrained(model, "learned_sd")
         if self.vd:  # weights: θ and log σ²; biases: Normal(μ, softplus(ρ)) under Normal priors
             self.log_var = {i: _Unconstrained(guide.log_sigma2, _SITES[i]) for i in (0, 2)}
@@ -633,12 +816,109 @@ class _ManualGradients:
                     raise ValueError("the hand-written VD gradients need zero-mean Normal priors")
                 self.bias_prior[i] = unexpand(prior.scale).detach()
         else:
-            self.scales = (
-                None if self.dropout else [_Unconstrained(guide.scales, n) for n in _SITES]
+            fixed = self.dropout or self.concrete  # fixed slab scales: no parameter
+            self.scales = None if fixed else [_Unconstrained(guide.scales, n) for n in _SITES]
+
+    def _init_concrete(self, guide):
+        r"""Concrete dropout's KL per weight site (Gal, Hron & Kendall's, zero-mean prior of
+        scale s, K input units): :math:`\frac{\sum m'^2}{2 s^2 (1 - p)} + K (p \log p + (1-p)
+        \log(1-p)) + C`; per bias (Normal(μ, σ) with σ fixed): :math:`\sum μ^2 / (2 s^2) + C`.
+        The coefficients from the model's priors, the constants C from the library's KL."""
+        sites = guide.prototype_trace.nodes
+        self.rates = {i: _Unconstrained(guide.drop_rates, _SITES[i]) for i in (0, 2)}
+        self.half_precision, self.units, const = {}, {}, 0.0
+        with torch.no_grad():
+            for i, name in enumerate(_SITES):
+                prior = sites[name]["fn"]
+                prior = prior.base_dist if isinstance(prior, Independent) else prior
+                if not isinstance(prior, Normal) or bool((unexpand(prior.loc) != 0).any()):
+                    raise ValueError("the hand-written Concrete gradients need zero-mean priors")
+                hp = 0.5 / unexpand(prior.scale) ** 2
+                self.half_precision[i] = hp
+                loc = guide._get("locs", name)
+                if i in self.rates:
+                    self.units[i] = loc.shape[-1]
+                    p = guide._rate(name)
+                    variable = ((hp * loc**2).sum((-1, -2), keepdim=True) / (1 - p)).sum()
+                    entropy = p * torch.log(p) + (1 - p) * torch.log1p(-p)
+                    variable = variable + (self.units[i] * entropy).sum()
+                else:
+                    variable = (hp * loc**2).sum()
+                q = guide._site_dist(name, sites[name])
+                const += float(kl_divergence(q, sites[name]["fn"]).sum() - variable)
+        self.concrete_const = const
+
+    def _concrete(self, x, y, n, locs, members, batch, hidden):
+        """Concrete dropout: the kernels' backward gives d/d logit p and d/d (1/(1-p)) of each
+        layer, chained to p (clamped to [eps, 1 - eps] as the guide does) and to its
+        unconstrained parameter with the KL's own d/dp."""
+        guide = self.guide
+        eps = torch.finfo(x.dtype).eps
+        raw = {i: h.value() for i, h in self.rates.items()}
+        rate = {i: r.clamp(eps, 1 - eps) for i, r in raw.items()}
+        kl, d_loc, d_rate = self.concrete_const, {}, {}
+        for i, loc in enumerate(locs):
+            hp = self.half_precision[i]
+            if i in rate:
+                p = rate[i]
+                sq = (hp * loc * loc).sum((-1, -2), keepdim=True)
+                entropy = p * torch.log(p) + (1 - p) * torch.log1p(-p)
+                kl = kl + (sq / (1 - p)).sum() + (self.units[i] * entropy).sum()
+                d_loc[i] = 2 * hp * loc / (1 - p)
+                d_rate[i] = sq / (1 - p) ** 2 + self.units[i] * (torch.log(p) - torch.log1p(-p))
+            else:
+                kl = kl + (hp * loc * loc).sum()
+                d_loc[i] = 2 * hp * loc
+        lp = {i: torch.logit(p) for i, p in rate.items()}
+        inv = {i: torch.reciprocal(1 - p) for i, p in rate.items()}
+        scale, feps = -1.0 / guide.temperature, torch.finfo(x.dtype).eps
+
+        def keep(logit_p, shape):
+            noise = torch.logit(torch.rand(shape, dtype=x.dtype), eps=feps)
+            lp_ = logit_p.reshape((members,) + (1,) * (len(shape) - 1))
+            return torch.sigmoid(torch.add(lp_ * scale, noise, alpha=scale))
+
+        z1 = keep(lp[0], (members, batch, x.shape[2]))
+        eps1 = torch.randn(members, batch, hidden, dtype=x.dtype)
+        z2 = keep(lp[2], (members, batch, hidden))
+        eps2 = torch.randn(members, batch, dtype=x.dtype)
+        ctx = _Ctx()
+        f = _ConcreteMLP.forward(
+            ctx, x, z1, z2, lp[0].reshape(members), lp[2].reshape(members),
+            inv[0].reshape(members), inv[2].reshape(members),
+            locs[0].reshape(members, hidden, -1).transpose(1, 2), locs[1].reshape(members, hidden),
+            eps1, locs[2].reshape(members, hidden), locs[3].reshape(members), eps2,
+            guide.scale**2, 1.0 / guide.temperature,
+        )  # fmt: skip
+        sd = self.model.noise_sd().reshape(members, 1)
+        z = (y - f) / sd
+        log_lik = -0.5 * (z * z).sum() - batch * torch.log(sd).sum()
+        log_lik = log_lik - 0.5 * math.log(2 * math.pi) * members * batch
+        loss = kl - (n / batch) * log_lik
+        out = _ConcreteMLP.backward(ctx, (n / batch) * (-z / sd))
+        glp = {0: out[3], 2: out[4]}
+        ginv = {0: out[5], 2: out[6]}
+        g_net = [out[7].transpose(1, 2), out[8], out[10], out[11]]
+        grads = {}
+        for i, h in enumerate(self.locs):
+            grads[h.tensor] = (d_loc[i] + g_net[i].reshape(locs[i].shape)).contiguous()
+        for i, h in self.rates.items():
+            p = rate[i]
+            g_p = d_rate[i] + (
+                glp[i].reshape(p.shape) / (p * (1 - p)) + ginv[i].reshape(p.shape) / (1 - p) ** 2
             )
+            g_p = torch.where((raw[i] >= eps) & (raw[i] <= 1 - eps), g_p, torch.zeros_like(g_p))
+            grads[h.tensor] = h.chain(g_p, raw[i]).contiguous()
+        if self.noise is not None:
+            g_sd = (n / batch) * ((1 - z * z) / sd).sum(-1, keepdim=True)
+            g_sd = torch.where(self.model.learned, g_sd, torch.zeros_like(g_sd))
+            grads[self.noise.tensor] = self.noise.chain(g_sd, self.noise.value())
+        return loss.item(), grads
 
     @staticmethod
     def applies(model, guide):
+        if type(guide) is AutoConcreteDropout:
+            return guide.rate_per == "layer"
         if type(guide) is AutoVariationalDropout:
             # written for one log σ² per weight and Molchanov's KL
             return guide.alpha == "weight" and _kl._approximation == "molchanov"
@@ -655,6 +935,8 @@ class _ManualGradients:
             locs = [h.tensor for h in self.locs]
             if self.vd:
                 return self._vd(x, y, n, locs, members, batch, hidden)
+            if self.concrete:
+                return self._concrete(x, y, n, locs, members, batch, hidden)
             plan = getattr(guide, "_fused_kl", None)
             if plan is None or not plan.valid_for(guide):
                 plan = guide._fused_kl = _ClosedFormKL(guide)

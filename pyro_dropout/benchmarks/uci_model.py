@@ -501,7 +501,7 @@ def train(
     :param fused: one fused Adam over all parameters (:func:`~pyro_dropout.infer.fused_adam`,
         the same update as ``pyro.optim.Adam``).
     :param kernels: train with :func:`~pyro_dropout.benchmarks.uci_fused.fused_loss`
-        (mean-field, variational dropout and MC dropout)
+        (mean-field, variational dropout, MC dropout and Concrete dropout)
         (the same loss as the traced one given the same noise, from numba kernels): ``None``
         (the default) when ``jit`` and it supports the pair on CPU tensors, ``True`` always
         (``ValueError`` naming why not), ``False`` never.

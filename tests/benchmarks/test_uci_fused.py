@@ -19,6 +19,7 @@ from pyro_dropout.infer import FusedOptim, MeanFieldELBO, fused_adam
 pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
 
 M_CONFIGS = [{"prior_scale": s, "noise": n} for s in (0.3, 3.0) for n in (1.0, "learned")]
+C_CONFIGS = [{"noise": "learned"}] * 4
 V_CONFIGS = [{"noise": n} for n in (1.0, "learned", 30.0, "learned")]
 D_CONFIGS = [{"dropout_rate": p, "tau": t} for p in (0.05, 0.5) for t in (0.5, 20.0)]
 
@@ -46,7 +47,11 @@ def _vd(**kwargs):
     return _meanfield(configs=V_CONFIGS, guide="vd", **kwargs)
 
 
-BUILD = {"meanfield": _meanfield, "dropout": _dropout, "vd": _vd}
+def _concrete(**kwargs):
+    return _meanfield(configs=C_CONFIGS, guide="concrete", **kwargs)
+
+
+BUILD = {"meanfield": _meanfield, "dropout": _dropout, "vd": _vd, "concrete": _concrete}
 
 
 @contextlib.contextmanager
@@ -92,7 +97,7 @@ def _perturb(params, spread, seed):
             p.add_(spread * torch.randn(p.shape, generator=gen, dtype=p.dtype))
 
 
-@pytest.mark.parametrize("guide_name", ["meanfield", "dropout", "vd"])
+@pytest.mark.parametrize("guide_name", ["meanfield", "dropout", "vd", "concrete"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("batch,num_data", [(16, 40), (5, 5)])
 def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, num_data):
@@ -117,7 +122,7 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, n
         # both used the same noise: the hidden units' and the outputs' (and the masks)
         m = len(M_CONFIGS)
         assert {m * batch, m * batch * 7} <= set(drawn["randn"])
-        if guide_name == "dropout":
+        if guide_name in ("dropout", "concrete"):
             assert {m * batch * 3, m * batch * 7} <= set(drawn["rand"])
     finally:
         torch.set_default_dtype(default)
@@ -129,7 +134,7 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, n
         torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd])
+@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd, _concrete])
 def test_fused_loss_differs_when_the_noise_does(build):
     """The equality above has power: with other noise the losses differ."""
     model, guide = build()
@@ -141,7 +146,7 @@ def test_fused_loss_differs_when_the_noise_does(build):
     assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
 
 
-@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd])
+@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd, _concrete])
 def test_fused_step_moves_every_parameter_as_svi_does(build):
     """One step of ``FusedSVI`` and one of Pyro's ``SVI`` with the eager loss, from
     the same parameters with the same noise, leave the same parameters."""
@@ -187,9 +192,10 @@ def test_train_uses_the_kernels_where_they_apply_and_says_so():
 def test_the_kernels_say_what_they_cannot_train(monkeypatch):
     members = uci_model.Members([{"noise": "learned"}], torch.ones(1).double(), 9)
     model, guide, _ = uci_model.build("concrete", 3, 5, members)
-    assert "AutoDropout, not AutoConcreteDropout" in uci_fused.unsupported_reason(model, guide)
+    guide.rate_per = "unit"
+    assert "rate_per='layer'" in uci_fused.unsupported_reason(model, guide)
     x, y = torch.randn(1, 9, 3), torch.randn(1, 9)
-    with pytest.raises(ValueError, match="kernels=True: .*not AutoConcreteDropout"):
+    with pytest.raises(ValueError, match="kernels=True: .*one rate per layer"):
         uci_model.train(model, guide, x, y, 1, 1, kernels=True)
     assert uci_model.train(model, guide, x, y, 1, 1).engine == "traced"
     model, guide = _dropout()
@@ -223,8 +229,8 @@ def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
     (tmp_path / "results.md").write_text("")
     cli.main(["--data-dir", str(tmp_path), "--guides", "meanfield", "--out", str(tmp_path)])
     assert "numba is not installed" in capsys.readouterr().err
-    cli.main(["--data-dir", str(tmp_path), "--guides", "concrete", "--out", str(tmp_path)])
-    assert "numba" not in capsys.readouterr().err  # Concrete dropout has no kernels
+    cli.main(["--data-dir", str(tmp_path), "--guides", "dropout-hetero", "--out", str(tmp_path)])
+    assert "numba" not in capsys.readouterr().err  # the heteroscedastic variants have none
 
 
 def _draws(loss_fn, params, seeds):
@@ -303,7 +309,7 @@ def test_closed_form_kl_follows_a_new_prototype_or_new_rates():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd])
+@pytest.mark.parametrize("build", [_meanfield, _dropout, _vd, _concrete])
 def test_manual_gradients_are_autograds(build, dtype):
     """The hand-written gradients of mean-field and MC dropout (no graph) are autograd's of
     ``fused_loss``, for every parameter, given the same noise and masks."""
@@ -344,9 +350,7 @@ def test_manual_gradients_are_autograds(build, dtype):
 def test_fused_draw_is_the_model_on_the_guides_weights(guide_name):
     """Given the same seed, the kernel's Monte-Carlo passes are the model replayed on the same
     weight draws of the guide (any guide: the kernel only runs the network)."""
-    configs = {"concrete": [{"noise": "learned"}] * 4}.get(guide_name)
-    build = BUILD.get(guide_name, _meanfield)
-    model, guide = build(configs=configs, guide=guide_name) if configs else build()
+    model, guide = BUILD[guide_name]()
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     _setup(model, guide, x, y, 40, spread=0.2)
     pyro.set_rng_seed(3)
