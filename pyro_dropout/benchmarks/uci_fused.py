@@ -656,7 +656,8 @@ def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
 
     :param masks: where AutoDropout's mask uniforms come from: ``"kernel"`` (the default,
         counter-based draws inside the kernels, 10x cheaper than torch's CPU generator) or
-        ``"torch"`` (``torch.rand``, as the LRT rules draw them: the tests' exact check)."""
+        ``"torch"`` (``torch.rand``, as the LRT rules draw them: the tests' exact check).
+        Concrete dropout's relaxed masks always come from torch (see :class:`_ConcreteMLP`)."""
     if masks not in ("kernel", "torch"):
         raise ValueError(f"masks must be 'kernel' or 'torch', got {masks!r}")
     reason = unsupported_reason(model, guide)
@@ -785,10 +786,11 @@ class _Unconstrained:
 
 
 class _ManualGradients:
-    """The loss of :func:`fused_loss` and its gradients written out by hand, for mean-field and
-    MC dropout: the kernels' backward for the network, the closed-form KL's derivatives
-    (:math:`∂/∂μ = 2cμ`, and for mean-field :math:`∂/∂σ^2 = c - 1/(2σ^2)`), the likelihood's
-    for ``f`` and the learned noise SDs, chained through each parameter's transform.
+    """The loss of :func:`fused_loss` and its gradients written out by hand: the kernels'
+    backward for the network, the KL's derivatives in closed form (mean-field and MC dropout:
+    :math:`∂/∂μ = 2cμ`, and for mean-field :math:`∂/∂σ^2 = c - 1/(2σ^2)`; VD and Concrete
+    dropout in :meth:`_vd` and :meth:`_init_concrete`), the likelihood's for ``f`` and the
+    learned noise SDs, chained through each parameter's transform.
 
     Why: without a graph, a 20-member final step skips autograd's and the transforms'
     per-operation overhead (the step is bound by it, not by arithmetic). Checked against
@@ -1063,8 +1065,9 @@ class _ManualGradients:
 class FusedSVI:
     """``SVI.step`` with :func:`fused_loss`: the loss, its gradients and one step of
     ``optim`` (a :class:`pyro.optim.PyroOptim`) over every parameter in Pyro's store.
-    Mean-field and MC dropout take their gradients from :class:`_ManualGradients` (no
-    autograd graph); variational dropout from autograd of :func:`fused_loss`.
+    The gradients come from :class:`_ManualGradients` (no autograd graph) where it applies
+    (every guide of the benchmark; VD with one log σ² per weight and Molchanov's KL, Concrete
+    dropout with one rate per layer), else from autograd of :func:`fused_loss`.
 
     Why not ``pyro.infer.SVI(model, guide, optim, loss=fused_loss)``: SVI finds the
     parameters to step by tracing ``pyro.param`` calls, and a ``PyroModule`` makes them only
