@@ -56,8 +56,9 @@ BUILD = {"meanfield": _meanfield, "dropout": _dropout, "vd": _vd, "concrete": _c
 
 @contextlib.contextmanager
 def _same_noise():
-    """``torch.randn`` and ``torch.rand`` hand out one fixed tensor per number of elements,
-    so that the Pyro loss and the fused one use the same masks and pre-activation noise."""
+    """``torch.randn`` and ``torch.rand`` (and ``Tensor.normal_`` in place) hand out one fixed
+    tensor per number of elements, so that the Pyro loss and the fused one use the same masks
+    and pre-activation noise."""
     real = {"randn": torch.randn, "rand": torch.rand}
     drawn = {"randn": {}, "rand": {}}
 
@@ -72,11 +73,21 @@ def _same_noise():
 
         return draw
 
+    real_normal_ = torch.Tensor.normal_
+
+    def normal_(self, mean=0.0, std=1.0, *, generator=None):
+        # a kept tensor refilled in place (the hand-written step): the same fixed draws
+        if mean != 0.0 or std != 1.0 or generator is not None:
+            return real_normal_(self, mean, std, generator=generator)
+        return self.copy_(fixed("randn")(self.shape, dtype=self.dtype))
+
     torch.randn, torch.rand = fixed("randn"), fixed("rand")
+    torch.Tensor.normal_ = normal_
     try:
         yield drawn
     finally:
         torch.randn, torch.rand = real["randn"], real["rand"]
+        torch.Tensor.normal_ = real_normal_
 
 
 def _setup(model, guide, x, y, n, spread=0.5, seed=1):
