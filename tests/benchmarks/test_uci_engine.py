@@ -21,15 +21,9 @@ from pyro_dropout.datasets import load_uci
 from pyro_dropout.infer import JitMeanFieldELBO, MeanFieldELBO
 from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -14,22 +14,18 @@ import torch
 
 from pyro_dropout import local_reparameterization
 from pyro_dropout.benchmarks import uci_fused, uci_model
+from pyro_dropout.benchmarks.uci_fused.gradients import ManualGradients
 from pyro_dropout.infer import FusedOptim, MeanFieldELBO, fused_adam
 
-pytestmark = pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed")
+pytestmark = [
+    pytest.mark.skipif(not uci_fused.available(), reason="numba is not installed"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 M_CONFIGS = [{"prior_scale": s, "noise": n} for s in (0.3, 3.0) for n in (1.0, "learned")]
 C_CONFIGS = [{"noise": "learned"}] * 4
 V_CONFIGS = [{"noise": n} for n in (1.0, "learned", 30.0, "learned")]
 D_CONFIGS = [{"dropout_rate": p, "tau": t} for p in (0.05, 0.5) for t in (0.5, 20.0)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _meanfield(d=3, hidden=7, n=40, configs=M_CONFIGS, seed=0, guide="meanfield"):
@@ -220,7 +216,7 @@ def test_the_kernels_say_what_they_cannot_train(monkeypatch):
     assert uci_fused.supports(model, guide)
     with pytest.raises(ValueError, match="CPU tensors"):
         uci_fused.fused_loss(model, guide, torch.randn(4, 2, 3, device="meta"), None)
-    monkeypatch.setattr(uci_fused, "numba", None)
+    monkeypatch.setattr(uci_fused.kernels, "numba", None)
     assert "numba is not installed" in uci_fused.unsupported_reason(model, guide)
     with pytest.raises(ValueError, match="numba is not installed"):
         uci_fused.FusedSVI(model, guide, fused_adam({"lr": 1e-3}))
@@ -229,7 +225,7 @@ def test_the_kernels_say_what_they_cannot_train(monkeypatch):
 def test_the_cli_says_when_numba_is_missing(monkeypatch, capsys, tmp_path):
     from pyro_dropout.benchmarks.uci import cli
 
-    monkeypatch.setattr(uci_fused, "numba", None)
+    monkeypatch.setattr(uci_fused.kernels, "numba", None)
 
     def resolve(args, parser):  # no data: only the guides are read
         args.guide_names = args.guides.split(",")
@@ -337,7 +333,7 @@ def test_manual_gradients_are_autograds(build, dtype):
                 next(p for k, p in params.items() if k.endswith("locs.layers.0.weight"))[
                     0, 0, :2
                 ] = 0
-        manual = uci_fused._ManualGradients(model, guide)
+        manual = ManualGradients(model, guide)
         with _same_noise():
             loss, grads = manual(x, y, 40, "torch")
             ref = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")

@@ -9,7 +9,9 @@ import torch
 
 from pyro_dropout.benchmarks import uci_model
 
-from .test_uci_quick import _tiny_batched_fit, data_dir, one_thread  # noqa: F401
+from .test_uci_quick import _tiny_batched_fit, data_dir  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 HETERO = tuple(uci_model.HETERO_BASE)
 

@@ -28,19 +28,12 @@ from pyro_dropout.datasets import load_uci
 from pyro_dropout.infer import MeanFieldELBO
 from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 GUIDES = ("dropout", "meanfield", "vd", "concrete", "concrete-tau")
 #: The default guides of a run: the above and issue 24's "<guide>-hetero" configurations.
 ALL_GUIDES = tuple(uci_model.GUIDES)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small matrices: one thread is faster on the shared 2-core runners (main() does the same)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
