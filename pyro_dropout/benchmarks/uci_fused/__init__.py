@@ -36,7 +36,7 @@ noise it is the Pyro loss to rounding, value and gradients
 (``tests/benchmarks/test_uci_fused.py``).
 
 Modules, one concept each: :mod:`.kernels` (the numba kernels), :mod:`.networks` (the
-kernels as autograd Functions), :mod:`.draws` (their inputs and random draws),
+kernels as autograd Functions), :mod:`.inputs` (their inputs and random draws),
 :mod:`.closed_form_kl` and :mod:`.likelihood` (the loss's terms), :mod:`.loss` (the loss
 under autograd), :mod:`.gradients` (the loss's gradients by hand), :mod:`.svi` (a training
 step), :mod:`.draw` (Monte-Carlo weight draws) and :mod:`.support` (what they apply to).

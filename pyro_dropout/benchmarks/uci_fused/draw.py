@@ -32,7 +32,7 @@ class FusedDraw:
         w = [trace.nodes[name]["value"] for name in SITES]
         members, d = x.shape[0], x.shape[2]
         hidden = self.model.layers[0].out_features
-        # the kernel's layout (see draws.by_layer), with the draws in front
+        # the kernel's layout (see inputs.by_layer), with the draws in front
         w1 = w[0].reshape(c, members, hidden, d).transpose(2, 3)
         b1 = w[1].reshape(c, members, hidden)
         w2, b2 = w[2].reshape(c, members, hidden), w[3].reshape(c, members)

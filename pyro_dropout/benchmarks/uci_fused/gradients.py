@@ -11,7 +11,7 @@ from ...distributions import kl as _kl
 from ...guides import AutoConcreteDropout, AutoDropout, AutoMeanField, AutoVariationalDropout
 from ...guides.base import _deep_getattr
 from .closed_form_kl import ClosedFormKL, zero_mean_normal_prior
-from .draws import concrete_inputs, dropout_inputs, gaussian_inputs
+from .inputs import concrete_inputs, dropout_inputs, gaussian_inputs
 from .likelihood import likelihood_gradients, scaled_log_likelihood
 from .networks import ConcreteMLP, DropoutMLP, GaussianMLP, StepContext
 from .support import SITES

@@ -8,7 +8,7 @@ from torch.distributions import kl_divergence
 
 from ...guides import AutoConcreteDropout, AutoDropout, AutoVariationalDropout
 from .closed_form_kl import ClosedFormKL
-from .draws import concrete_inputs, dropout_inputs, gaussian_inputs
+from .inputs import concrete_inputs, dropout_inputs, gaussian_inputs
 from .likelihood import scaled_log_likelihood
 from .networks import ConcreteMLP, DropoutMLP, GaussianMLP
 from .support import SITES, unsupported_reason
