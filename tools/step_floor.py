@@ -9,21 +9,28 @@ fit's compiled loss computes for the benchmark's ``BayesianMLP`` under
 ``local_reparameterization()``: MC dropout (input masks, the slab noise σε of
 ``BernoulliMaskedNormal`` as a pre-activation variance σ²‖x‖², its KL's weight decay) and
 mean-field Gaussian (pre-activation mean and variance, two products per layer, closed-form
-Normal KL), a Gaussian (W1) or categorical (W2) likelihood scaled by N / B, one fused Adam.
-Each is timed eager and as a TorchScript trace. Prints one line per method: the median ratio
-to the plain step over interleaved rounds. A measuring aid for the speed page, not a test.
+Normal KL) and Concrete dropout with one learned rate per layer (``AutoConcreteDropout``'s
+default: relaxed keep masks per example and input unit, the layer's output scaled by
+1 / (1 - p), Gal, Hron & Kendall's KL with its entropy term, the rate through a sigmoid), a
+Gaussian (W1) or categorical (W2) likelihood scaled by N / B, one fused Adam. Each is timed
+eager and as a TorchScript trace; ``--fit AutoConcreteDropout,...`` times fit's default step
+of those guides in the same rounds. Prints one line per method: the median ratio to the plain
+step over interleaved rounds. A measuring aid for the speed page, not a test.
 """
 
 import argparse
 import statistics
 import time
 
+import pyro
 import torch
 import torch.nn.functional as F
 
 from pyro_dropout.benchmarks import speed
 
 TAU, SLAB2 = 10.0, 1e-4
+TEMPERATURE, INIT_RATE = 0.1, 0.1  # AutoConcreteDropout's defaults
+EPS = torch.finfo(torch.float32).eps
 
 
 def _data_term(f, y, task, scale):
@@ -68,14 +75,40 @@ def _mean_field_loss(task, scale):
     return loss
 
 
-def _params(sizes, mean_field):
+def _concrete_loss(task, scale):
+    def loss(x, y, *params):
+        h = x
+        layers = list(zip(params[0::3], params[1::3], params[2::3], strict=True))
+        kl = 0.0
+        for i, (m, b, rho) in enumerate(layers):
+            p = torch.sigmoid(rho).clamp(EPS, 1 - EPS)
+            s = -1.0 / TEMPERATURE  # keep mask σ(-(logit p + logit u) / t), as concrete_keep_mask
+            noise = torch.logit(torch.rand_like(h), eps=EPS)
+            z = torch.sigmoid(torch.add(torch.logit(p) * s, noise, alpha=s))
+            mean = torch.addcmul(b, F.linear(h * z, m), torch.reciprocal(1 - p))
+            var = SLAB2 * (h * h).sum(-1, keepdim=True) + SLAB2
+            h = mean + var.sqrt() * torch.randn_like(mean)
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+            entropy = p * torch.log(p) + (1 - p) * torch.log1p(-p)
+            kl = kl + 0.5 * m.pow(2).sum() / (1 - p) + m.shape[1] * entropy
+            kl = kl + 0.5 * b.pow(2).sum()
+        return kl - _data_term(h, y, task, scale)
+
+    return loss
+
+
+def _params(sizes, kind):
     g = torch.Generator().manual_seed(0)
     params = []
     for a, b in zip(sizes[:-1], sizes[1:], strict=True):
         for shape in ((b, a), (b,)):
             params.append(torch.nn.Parameter(0.1 * torch.randn(shape, generator=g)))
-            if mean_field:  # per layer: weight mean, weight ρ, bias mean, bias ρ
+            if kind == "mean-field":  # per layer: weight mean, weight ρ, bias mean, bias ρ
                 params.append(torch.nn.Parameter(torch.full(shape, -5.0)))
+        if kind == "Concrete dropout":  # per layer: mean weight, bias mean, logit of the rate
+            rho = torch.logit(torch.tensor(INIT_RATE))
+            params.append(torch.nn.Parameter(rho))
     return params
 
 
@@ -103,6 +136,7 @@ def main(argv=None):
     p.add_argument("--workload", choices=sorted(speed.WORKLOADS), default="W1")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--reps", type=int, default=None, help="steps per timing (W1 500, W2 20)")
+    p.add_argument("--fit", default="", help="also fit's default step of these guides")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     w = speed.WORKLOADS[args.workload]
@@ -112,14 +146,18 @@ def main(argv=None):
     xb, yb = x[: w["batch"]], y[: w["batch"]]
     scale = w["n_data"] / w["batch"]
     losses = {
-        "MC dropout": (_dropout_loss(1 - w["p"], w["task"], scale), False),
-        "mean-field": (_mean_field_loss(w["task"], scale), True),
+        "MC dropout": _dropout_loss(1 - w["p"], w["task"], scale),
+        "mean-field": _mean_field_loss(w["task"], scale),
+        "Concrete dropout": _concrete_loss(w["task"], scale),
     }
     methods = {}
-    for name, (loss_fn, mean_field) in losses.items():
+    for name, loss_fn in losses.items():
         for traced in (False, True):
             label = f"{args.workload} hand-written {name}, {'traced' if traced else 'eager'}"
-            methods[label] = _step(loss_fn, _params(w["sizes"], mean_field), xb, yb, traced)
+            methods[label] = _step(loss_fn, _params(w["sizes"], name), xb, yb, traced)
+    for guide in filter(None, args.fit.split(",")):
+        pyro.set_rng_seed(0)
+        methods[f"{args.workload} fit's step, {guide}"] = speed._fit_step(w, guide, x, y)
     for fn in [plain, *methods.values()]:
         _timeit(fn, 5)  # warm up (and the traces' profiling runs)
     ratios = {k: [] for k in methods}
