@@ -8,12 +8,15 @@ kernels do not apply, training says which engine ran and ``kernels=True`` says w
 import contextlib
 import math
 
+import numpy as np
 import pyro
 import pytest
 import torch
+from scipy import stats
 
 from pyro_dropout import local_reparameterization
 from pyro_dropout.benchmarks import uci_fused, uci_model
+from pyro_dropout.benchmarks.uci_fused import kernels
 from pyro_dropout.benchmarks.uci_fused.gradients import ManualGradients
 from pyro_dropout.infer import FusedOptim, MeanFieldELBO, fused_adam
 
@@ -124,7 +127,7 @@ def test_fused_loss_is_the_pyro_loss_given_the_noise(guide_name, dtype, batch, n
                     model, guide, x, y, num_data=num_data
                 )
             ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
-            fused = uci_fused.fused_loss(model, guide, x, y, num_data=num_data, masks="torch")
+            fused = uci_fused.fused_loss(model, guide, x, y, num_data=num_data, rng="torch")
             grads = torch.autograd.grad(fused, [params[k] for k in names])
         # both used the same noise: the hidden units' and the outputs' (and the masks)
         m = len(M_CONFIGS)
@@ -148,8 +151,8 @@ def test_fused_loss_differs_when_the_noise_does(build):
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     _setup(model, guide, x, y, 40)
     with _same_noise():
-        a = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
-    b = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
+        a = uci_fused.fused_loss(model, guide, x, y, num_data=40, rng="torch")
+    b = uci_fused.fused_loss(model, guide, x, y, num_data=40, rng="torch")
     assert not math.isclose(a.item(), b.item(), rel_tol=1e-4)
 
 
@@ -164,7 +167,7 @@ def test_fused_step_moves_every_parameter_as_svi_does(build):
         _setup(model, guide, x, y, 40)
         optim = FusedOptim(torch.optim.SGD, {"lr": 1e-4})  # a step is the gradient
         if fused:
-            svi = uci_fused.FusedSVI(model, guide, optim, masks="torch")
+            svi = uci_fused.FusedSVI(model, guide, optim, rng="torch")
         else:
             svi = pyro.infer.SVI(model, guide, optim, MeanFieldELBO(max_plate_nesting=2))
         with _same_noise(), local_reparameterization(), pyro.validation_enabled(False):
@@ -270,8 +273,8 @@ def test_kernel_masks_are_torchs_masks_in_distribution():
     params = list(_setup(model, guide, x, y, 40, spread=0.3).values())
     params = [p for p in params if p.requires_grad]
 
-    def loss(masks):
-        return lambda: uci_fused.fused_loss(model, guide, x, y, num_data=40, masks=masks)
+    def loss(rng):
+        return lambda: uci_fused.fused_loss(model, guide, x, y, num_data=40, rng=rng)
 
     torch_draws = _draws(loss("torch"), params, range(400))
     kernel_draws = _draws(loss("kernel"), params, range(1000, 1400))
@@ -283,6 +286,75 @@ def test_kernel_masks_are_torchs_masks_in_distribution():
     assert max(_z(torch_draws[0], shifted[0]), _z(torch_draws[1], shifted[1])) > 5
 
 
+@pytest.mark.parametrize("name", ["meanfield", "vd", "concrete"])
+def test_kernel_normals_are_torchs_normals_in_distribution(name):
+    """The kernels' normal draws (``fill_normal``) give the loss and every gradient element
+    the same mean as ``normal_``'s (400 seeds each, within 5 standard errors)."""
+    model, guide = BUILD[name](n=40)
+    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
+    params = [p for p in _setup(model, guide, x, y, 40, spread=0.3).values() if p.requires_grad]
+
+    def loss(rng):
+        return lambda: uci_fused.fused_loss(model, guide, x, y, num_data=40, rng=rng)
+
+    torch_draws = _draws(loss("torch"), params, range(400))
+    kernel_draws = _draws(loss("kernel"), params, range(1000, 1400))
+    assert _z(torch_draws[0], kernel_draws[0]) < 5
+    assert _z(torch_draws[1], kernel_draws[1]) < 5
+
+
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _box_muller_reference(n, seed):
+    """``fill_normal``'s draws computed apart, in float64 numpy: SplitMix64's stream of
+    ``seed``, 24-bit uniforms, Box-Muller with numpy's log, cos and sin."""
+    pairs = (n + 1) // 2
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + np.arange(pairs, dtype=np.uint64) * np.uint64(_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        z = z ^ (z >> np.uint64(31))
+    u1 = ((z >> np.uint64(40)) + np.uint64(1)).astype(np.float64) * 2.0**-24
+    u2 = ((z >> np.uint64(8)) & np.uint64(0xFFFFFF)).astype(np.float64) * 2.0**-24
+    r, theta = np.sqrt(-2 * np.log(u1)), 2 * np.pi * (u2 - 0.5)
+    return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 2049, 2050, 300_001])
+def test_fill_normal_is_box_muller_on_the_splitmix_stream(n):
+    """The polynomial log, cos and sin of the kernel against numpy's, on the same stream, to
+    2e-6 (float32 rounding), for lengths odd and even, below and across a chunk."""
+    out = np.full(n, np.nan, dtype=np.float32)
+    kernels.compiled()["fill_normal"](out, np.uint64(12345))
+    np.testing.assert_allclose(out, _box_muller_reference(n, 12345), rtol=0, atol=2e-6)
+    # a float64 array gets the same draws
+    out64 = np.empty(n)
+    kernels.compiled()["fill_normal"](out64, np.uint64(12345))
+    np.testing.assert_allclose(out64, out, rtol=0, atol=1e-7)
+
+
+def test_fill_normal_draws_standard_normals():
+    """Two million draws: N(0, 1) by Kolmogorov-Smirnov, mean, variance, tail mass beyond 3
+    and no correlation between the two draws of a pair or between seeds (each within 5
+    standard errors: a variance off by 1 % is 7 of them)."""
+    n = 2_000_000
+    fill = kernels.compiled()["fill_normal"]
+    a, b = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+    fill(a, np.uint64(7))
+    fill(b, np.uint64(8))
+    z = a.astype(np.float64)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs(z.mean()) < 5 / math.sqrt(n)
+    assert abs(z.var() - 1) < 5 * math.sqrt(2 / n)
+    tail = 2 * stats.norm.sf(3)
+    assert abs((np.abs(z) > 3).mean() - tail) < 5 * math.sqrt(tail * (1 - tail) / n)
+    half = n // 2
+    assert abs(np.corrcoef(z[:half], z[half:])[0, 1]) < 5 / math.sqrt(half)
+    assert abs(np.corrcoef(z, b)[0, 1]) < 5 / math.sqrt(n)
+    assert np.abs(z).max() <= math.sqrt(48 * math.log(2)) + 1e-5
+
+
 def test_kernel_masks_differ_between_steps_and_repeat_with_the_seed():
     model, guide = _dropout(n=40)
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
@@ -292,8 +364,8 @@ def test_kernel_masks_differ_between_steps_and_repeat_with_the_seed():
     pyro.set_rng_seed(5)
     b = [uci_fused.fused_loss(model, guide, x, y, num_data=40).item() for _ in range(2)]
     assert a == b and a[0] != a[1]
-    with pytest.raises(ValueError, match="masks must be"):
-        uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="numpy")
+    with pytest.raises(ValueError, match="rng must be"):
+        uci_fused.fused_loss(model, guide, x, y, num_data=40, rng="numpy")
 
 
 def test_closed_form_kl_follows_a_new_prototype_or_new_rates():
@@ -310,7 +382,7 @@ def test_closed_form_kl_follows_a_new_prototype_or_new_rates():
             ref = MeanFieldELBO(max_plate_nesting=2).differentiable_loss(
                 model, guide, x, y, num_data=40
             )
-        fused = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
+        fused = uci_fused.fused_loss(model, guide, x, y, num_data=40, rng="torch")
     assert guide._fused_kl is not plan
     assert math.isclose(fused.item(), ref.item(), rel_tol=1e-5)
 
@@ -336,7 +408,7 @@ def test_manual_gradients_are_autograds(build, dtype):
         manual = ManualGradients(model, guide)
         with _same_noise():
             loss, grads = manual(x, y, 40, "torch")
-            ref = uci_fused.fused_loss(model, guide, x, y, num_data=40, masks="torch")
+            ref = uci_fused.fused_loss(model, guide, x, y, num_data=40, rng="torch")
             names = sorted(params)
             ref_grads = torch.autograd.grad(ref, [params[k] for k in names])
     finally:

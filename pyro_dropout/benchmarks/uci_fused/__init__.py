@@ -26,7 +26,8 @@ The loss is the negative ELBO of :class:`~pyro_dropout.infer.MeanFieldELBO` on
     \mathcal L = \sum_{\text{sites}} \mathrm{KL}(q \,\|\, p)
         - \frac{N}{B} \sum_{m, i} \log \mathcal N(y_{mi} \mid f_{mi}, s_m^2),
 
-with ξ ~ N(0, 1) drawn by torch's generator (``ε`` the variance floor of
+with ξ ~ N(0, 1) (by the kernels' ``fill_normal``: Box–Muller on a counter-based stream,
+or by torch's generator with ``rng="torch"``; ``ε`` the variance floor of
 :data:`~pyro_dropout.handlers.lrt_rules.VARIANCE_FLOOR`). For
 :class:`~pyro_dropout.AutoDropout` (:math:`W = M \operatorname{diag}(z) + σε`) each layer's
 input is masked per row, :math:`a = (x \odot z_1) M_1^⊤ + μ_{b_1} + σ\sqrt{\sum x^2 + 1}\,ξ_1`,

@@ -86,18 +86,18 @@ class ManualGradients:
             return guide.alpha == "weight" and _kl._approximation == "molchanov"
         return type(guide) in (AutoMeanField, AutoDropout)
 
-    def __call__(self, x, y, num_data, masks):
+    def __call__(self, x, y, num_data, rng):
         """``(loss, {unconstrained tensor: gradient})``."""
         with torch.no_grad():
             locs = [h.tensor for h in self.locs]
             if self.vd:
-                return self._vd(x, y, num_data, locs)
+                return self._vd(x, y, num_data, locs, rng)
             if self.concrete:
-                return self._concrete(x, y, num_data, locs)
+                return self._concrete(x, y, num_data, locs, rng)
             plan = ClosedFormKL.of(self.guide)
             if self.dropout:
-                return self._dropout(x, y, num_data, locs, masks, plan)
-            return self._meanfield(x, y, num_data, locs, plan)
+                return self._dropout(x, y, num_data, locs, rng, plan)
+            return self._meanfield(x, y, num_data, locs, rng, plan)
 
     def _likelihood(self, f, y, num_data, grads):
         """The negative scaled log-likelihood and d/df; d/d noise SD into ``grads``."""
@@ -112,11 +112,11 @@ class ManualGradients:
     # gradients are transposed views, and torch's fused optimisers assume that a gradient is
     # laid out as its parameter (autograd guarantees it; we set .grad).
 
-    def _meanfield(self, x, y, num_data, locs, plan):
+    def _meanfield(self, x, y, num_data, locs, rng, plan):
         grads, ctx = {}, StepContext(self.buffers)
         sigma = [h.value() for h in self.scales]
         var = [s * s for s in sigma]
-        f = GaussianMLP.forward(ctx, *gaussian_inputs(self.model, x, locs, var, ctx))
+        f = GaussianMLP.forward(ctx, *gaussian_inputs(self.model, x, locs, var, rng, ctx))
         nll, g_f = self._likelihood(f, y, num_data, grads)
         g_loc, g_var = _gaussian_backward(ctx, g_f)
         for h, c, loc, g in zip(self.locs, plan.coef, locs, g_loc, strict=True):
@@ -126,9 +126,9 @@ class ManualGradients:
             grads[h.tensor] = h.chain(g_v * 2 * s, s).contiguous()
         return (plan(locs, var) + nll).item(), grads
 
-    def _dropout(self, x, y, num_data, locs, masks, plan):
+    def _dropout(self, x, y, num_data, locs, rng, plan):
         grads, ctx = {}, StepContext(self.buffers)
-        inputs = dropout_inputs(self.model, self.guide, x, masks, locs, ctx)
+        inputs = dropout_inputs(self.model, self.guide, x, rng, locs, ctx)
         f = DropoutMLP.forward(ctx, *inputs)
         nll, g_f = self._likelihood(f, y, num_data, grads)
         out = DropoutMLP.backward(ctx, g_f)
@@ -137,7 +137,7 @@ class ManualGradients:
             grads[h.tensor] = (2 * c * loc + g.reshape(loc.shape)).contiguous()
         return (plan(locs) + nll).item(), grads
 
-    def _vd(self, x, y, num_data, locs):
+    def _vd(self, x, y, num_data, locs, rng):
         r"""Variational dropout: weights :math:`\mathcal N(θ, \exp(\log σ^2))` with
         Molchanov's KL in :math:`\log α = \operatorname{clip}(\log σ^2 - \log(θ^2 + ε))`
         (``pyro_dropout.distributions.kl``), biases Normal with Normal priors."""
@@ -166,7 +166,7 @@ class ManualGradients:
             d_loc[i] = 2 * c * loc
             d_var[i] = c - 0.5 / var[i]
         ctx = StepContext(self.buffers)
-        f = GaussianMLP.forward(ctx, *gaussian_inputs(self.model, x, locs, var, ctx))
+        f = GaussianMLP.forward(ctx, *gaussian_inputs(self.model, x, locs, var, rng, ctx))
         nll, g_f = self._likelihood(f, y, num_data, grads)
         g_loc, g_var = _gaussian_backward(ctx, g_f)
         for i, h in enumerate(self.locs):
@@ -210,7 +210,7 @@ class ManualGradients:
         d_rate = sq / (1 - p) ** 2 + self.units[i] * (torch.log(p) - torch.log1p(-p))
         return kl, d_loc, d_rate
 
-    def _concrete(self, x, y, num_data, locs):
+    def _concrete(self, x, y, num_data, locs, rng):
         """Concrete dropout: the kernels' backward gives d/d logit p and d/d (1/(1-p)) of each
         layer, chained to p (clamped to [eps, 1 - eps] as the guide does) and to its
         unconstrained parameter with the KL's own d/dp."""
@@ -226,7 +226,7 @@ class ManualGradients:
                 kl_i, d_loc[i] = (hp * loc * loc).sum(), 2 * hp * loc
             kl = kl + kl_i
         ctx = StepContext(self.buffers)
-        inputs = concrete_inputs(self.guide, x, locs, [rate[0], rate[2]], self.hidden, ctx)
+        inputs = concrete_inputs(self.guide, x, locs, [rate[0], rate[2]], self.hidden, rng, ctx)
         f = ConcreteMLP.forward(ctx, *inputs)
         nll, g_f = self._likelihood(f, y, num_data, grads)
         out = ConcreteMLP.backward(ctx, g_f)

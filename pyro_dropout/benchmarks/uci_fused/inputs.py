@@ -9,7 +9,29 @@ import torch
 
 from ...distributions import concrete_keep_mask
 from .closed_form_kl import dropout_rates
+from .kernels import compiled, np
 from .networks import scratch
+
+#: Where the step's random numbers come from: ``"kernel"`` (counter-based draws from a seed
+#: that torch draws: the masks inside the network kernels, the normals by ``fill_normal``)
+#: or ``"torch"`` (torch's generator, drawn as the LRT rules draw them: the tests' exact
+#: check against the Pyro loss).
+RNG = ("kernel", "torch")
+
+
+def _seed():
+    return np.uint64(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
+
+
+def standard_normal(ctx, key, shape, like, rng):
+    """N(0, 1) draws of ``shape`` into ``ctx``'s kept tensor ``key`` (see
+    :func:`~.networks.scratch`): torch's ``normal_``, or with ``rng="kernel"`` the kernels'
+    ``fill_normal`` (Box-Muller on a counter-based stream; half the time of torch's)."""
+    t = scratch(ctx, key, shape, like)
+    if rng == "torch":
+        return t.normal_()
+    compiled()["fill_normal"](t.numpy().reshape(-1), _seed())
+    return t
 
 
 def by_layer(values, members, hidden):
@@ -25,26 +47,18 @@ def by_layer(values, members, hidden):
     )
 
 
-def normal_noise(x, hidden, ctx=None):
-    """ξ of the hidden layer ``(M, B, H)`` and of the output ``(M, B)``, into ``ctx``'s kept
-    tensors when given (see :func:`~.networks.scratch`)."""
-    members, batch = x.shape[0], x.shape[1]
-    eps1 = scratch(ctx, "eps1", (members, batch, hidden), x).normal_()
-    eps2 = scratch(ctx, "eps2", (members, batch), x).normal_()
-    return eps1, eps2
-
-
-def gaussian_inputs(model, x, locs, variances, ctx=None):
+def gaussian_inputs(model, x, locs, variances, rng, ctx=None):
     """The inputs of :class:`~.networks.GaussianMLP` from the sites' means and variances."""
-    members, hidden = x.shape[0], model.layers[0].out_features
+    members, batch, hidden = x.shape[0], x.shape[1], model.layers[0].out_features
     w1m, b1m, m2, b2m = by_layer(locs, members, hidden)
     w1v, b1v, v2, b2v = by_layer(variances, members, hidden)
-    eps1, eps2 = normal_noise(x, hidden, ctx)
+    eps1 = standard_normal(ctx, "eps1", (members, batch, hidden), x, rng)
+    eps2 = standard_normal(ctx, "eps2", (members, batch), x, rng)
     return x, w1m, w1v, b1m, b1v, m2, v2, b2m, b2v, eps1, eps2
 
 
-def dropout_inputs(model, guide, x, masks, locs, ctx=None):
-    """The inputs of :class:`~.networks.DropoutMLP`. With ``masks="torch"`` the masks'
+def dropout_inputs(model, guide, x, rng, locs, ctx=None):
+    """The inputs of :class:`~.networks.DropoutMLP`. With ``rng="torch"`` the masks'
     uniforms come from ``torch.rand`` (drawn as the LRT rules draw them); with ``"kernel"``
     the kernels draw them from a seed that torch draws."""
     members, batch = x.shape[0], x.shape[1]
@@ -52,19 +66,19 @@ def dropout_inputs(model, guide, x, masks, locs, ctx=None):
     rate = torch.as_tensor(dropout_rates(guide)[0], dtype=x.dtype)
     keep = (1 - rate).reshape(-1).expand(members)
     seed, u1, u2 = 0, None, None
-    if masks == "kernel":
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    if rng == "kernel":
+        seed = int(_seed())
     else:
         u1 = torch.rand(members, batch, x.shape[2], dtype=x.dtype)
-    eps1 = scratch(ctx, "eps1", (members, batch, hidden), x).normal_()
-    if masks != "kernel":
+    eps1 = standard_normal(ctx, "eps1", (members, batch, hidden), x, rng)
+    if rng != "kernel":
         u2 = torch.rand(members, batch, hidden, dtype=x.dtype)
-    eps2 = scratch(ctx, "eps2", (members, batch), x).normal_()
+    eps2 = standard_normal(ctx, "eps2", (members, batch), x, rng)
     w1, b1, w2, b2 = by_layer(locs, members, hidden)
     return x, seed, u1, keep, w1, b1, eps1, u2, w2, b2, eps2, guide.scale**2
 
 
-def concrete_inputs(guide, x, locs, rates, hidden, ctx=None):
+def concrete_inputs(guide, x, locs, rates, hidden, rng, ctx=None):
     """The inputs of :class:`~.networks.ConcreteMLP` from the sites' means and the two
     layers' drop rates ``(M,)`` (clamped as the guide clamps them): the relaxed keep masks
     drawn by the library's :func:`~pyro_dropout.distributions.concrete_keep_mask` (their
@@ -73,9 +87,9 @@ def concrete_inputs(guide, x, locs, rates, hidden, ctx=None):
     t = guide.temperature
     per_member = [p.detach().to(x.dtype).reshape(members, 1, 1) for p in rates]
     z1 = concrete_keep_mask(per_member[0], t, (members, batch, x.shape[2]))
-    eps1 = scratch(ctx, "eps1", (members, batch, hidden), x).normal_()
+    eps1 = standard_normal(ctx, "eps1", (members, batch, hidden), x, rng)
     z2 = concrete_keep_mask(per_member[1], t, (members, batch, hidden))
-    eps2 = scratch(ctx, "eps2", (members, batch), x).normal_()
+    eps2 = standard_normal(ctx, "eps2", (members, batch), x, rng)
     lp = [torch.logit(p).reshape(members) for p in rates]
     inv = [torch.reciprocal(1 - p).reshape(members) for p in rates]
     w1, b1, w2, b2 = by_layer(locs, members, hidden)

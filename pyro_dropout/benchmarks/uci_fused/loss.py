@@ -8,24 +8,25 @@ from torch.distributions import kl_divergence
 
 from ...guides import AutoConcreteDropout, AutoDropout, AutoVariationalDropout
 from .closed_form_kl import ClosedFormKL
-from .inputs import concrete_inputs, dropout_inputs, gaussian_inputs
+from .inputs import RNG, concrete_inputs, dropout_inputs, gaussian_inputs
 from .likelihood import scaled_log_likelihood
 from .networks import ConcreteMLP, DropoutMLP, GaussianMLP
 from .support import SITES, unsupported_reason
 
 
-def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
+def fused_loss(model, guide, x, y, num_data=None, rng="kernel"):
     """The negative ELBO of ``(model, guide)`` on the minibatch ``x`` ``(M, B, D)``, ``y``
     ``(M, B)``, as a differentiable scalar of the guide's (and the model's) parameters.
     Raises ``ValueError`` when :func:`~.support.unsupported_reason` names a reason.
 
-    :param masks: where AutoDropout's mask uniforms come from: ``"kernel"`` (the default,
-        counter-based draws inside the kernels, 10x cheaper than torch's CPU generator) or
-        ``"torch"`` (``torch.rand``, as the LRT rules draw them: the tests' exact check).
+    :param rng: where the random numbers come from: ``"kernel"`` (the default: AutoDropout's
+        mask uniforms counter-based inside the kernels, 10x cheaper than torch's CPU
+        generator, and the normals by the kernels' ``fill_normal``, 2x) or ``"torch"``
+        (``torch.rand`` and ``normal_``, as the LRT rules draw them: the tests' exact check).
         Concrete dropout's relaxed masks always come from torch (their logit and sigmoid are
         vectorised there; the kernels' scalar log and exp took longer than the traced step)."""
-    if masks not in ("kernel", "torch"):
-        raise ValueError(f"masks must be 'kernel' or 'torch', got {masks!r}")
+    if rng not in RNG:
+        raise ValueError(f"rng must be 'kernel' or 'torch', got {rng!r}")
     reason = unsupported_reason(model, guide)
     if reason is not None:
         raise ValueError(f"fused_loss cannot train this model: {reason}")
@@ -47,16 +48,16 @@ def fused_loss(model, guide, x, y, num_data=None, masks="kernel"):
                 )
             hidden = model.layers[0].out_features
             rates = [guide._rate(name) for name in (SITES[0], SITES[2])]
-            f = ConcreteMLP.apply(*concrete_inputs(guide, x, locs, rates, hidden))
+            f = ConcreteMLP.apply(*concrete_inputs(guide, x, locs, rates, hidden, rng))
         else:  # the sites are Gaussian: mean-field's kernels draw f
             locs = [q[name].base_dist.loc for name in SITES]
             var = [q[n].base_dist.variance.expand_as(m) for n, m in zip(SITES, locs, strict=True)]
-            f = GaussianMLP.apply(*gaussian_inputs(model, x, locs, var))
+            f = GaussianMLP.apply(*gaussian_inputs(model, x, locs, var, rng))
     elif isinstance(guide, AutoDropout):
         kl = ClosedFormKL.of(guide)(locs)
-        f = DropoutMLP.apply(*dropout_inputs(model, guide, x, masks, locs))
+        f = DropoutMLP.apply(*dropout_inputs(model, guide, x, rng, locs))
     else:
         var = [guide._get("scales", name) ** 2 for name in SITES]
         kl = ClosedFormKL.of(guide)(locs, var)
-        f = GaussianMLP.apply(*gaussian_inputs(model, x, locs, var))
+        f = GaussianMLP.apply(*gaussian_inputs(model, x, locs, var, rng))
     return kl - scaled_log_likelihood(model, f, y, num_data)[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyro
 
 from .gradients import ManualGradients
+from .inputs import RNG
 from .loss import fused_loss
 from .support import unsupported_reason
 
@@ -22,11 +23,13 @@ class FusedSVI:
     All parameters take part in every step here, so the first step runs the guide once (which
     registers the guide's and the model's parameters) and every step updates them all."""
 
-    def __init__(self, model, guide, optim, masks="kernel", manual=True):
+    def __init__(self, model, guide, optim, rng="kernel", manual=True):
         reason = unsupported_reason(model, guide)
         if reason is not None:
             raise ValueError(f"FusedSVI cannot train this model: {reason}")
-        self.model, self.guide, self.optim, self.masks = model, guide, optim, masks
+        if rng not in RNG:
+            raise ValueError(f"rng must be 'kernel' or 'torch', got {rng!r}")
+        self.model, self.guide, self.optim, self.rng = model, guide, optim, rng
         self.manual = manual and ManualGradients.applies(model, guide)
         self._params = None
         self._grads = None
@@ -41,11 +44,11 @@ class FusedSVI:
                 except ValueError:  # a prior the hand-written gradients do not cover
                     self.manual = False
         if self.manual:
-            loss, grads = self._grads(x, y, num_data, self.masks)
+            loss, grads = self._grads(x, y, num_data, self.rng)
             for p in self._params:
                 p.grad = grads.get(p)
         else:
-            loss = fused_loss(self.model, self.guide, x, y, num_data, self.masks)
+            loss = fused_loss(self.model, self.guide, x, y, num_data, self.rng)
             loss.backward()
             loss = loss.item()
         self.optim(self._params)
