@@ -264,33 +264,10 @@ def _z(a, b):
     return float((diff[noisy] / se[noisy]).max())
 
 
-def test_kernel_masks_are_torchs_masks_in_distribution():
-    """The kernels' counter-based mask draws give the loss and every gradient element the
-    same mean as ``torch.rand``'s masks (400 seeds each, within 5 standard errors), and the
-    check has power: a keep probability off by 0.05 is seen."""
-    model, guide = _dropout(n=40)
-    x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
-    params = list(_setup(model, guide, x, y, 40, spread=0.3).values())
-    params = [p for p in params if p.requires_grad]
-
-    def loss(rng):
-        return lambda: uci_fused.fused_loss(model, guide, x, y, num_data=40, rng=rng)
-
-    torch_draws = _draws(loss("torch"), params, range(400))
-    kernel_draws = _draws(loss("kernel"), params, range(1000, 1400))
-    assert _z(torch_draws[0], kernel_draws[0]) < 5
-    assert _z(torch_draws[1], kernel_draws[1]) < 5
-    # power: drop rates 0.05 / 0.5 -> 0.1 / 0.55 in the kernel's draws
-    guide._rates = {k: v + 0.05 for k, v in guide._rates.items()}  # the sites' rates
-    shifted = _draws(loss("kernel"), params, range(2000, 2400))
-    assert max(_z(torch_draws[0], shifted[0]), _z(torch_draws[1], shifted[1])) > 5
-
-
-@pytest.mark.parametrize("name", ["meanfield", "vd", "concrete"])
-def test_kernel_normals_are_torchs_normals_in_distribution(name):
-    """The kernels' normal draws (``fill_normal``) give the loss and every gradient element
-    the same mean as ``normal_``'s (400 seeds each, within 5 standard errors)."""
-    model, guide = BUILD[name](n=40)
+def _same_mean_under_both_rngs(model, guide):
+    """Assert that the loss and every gradient element have the same mean (400 seeds each,
+    within 5 standard errors) with the kernels' random draws as with torch's; returns the
+    loss factory, the parameters and torch's draws."""
     x, y = torch.randn(4, 16, 3), torch.randn(4, 16)
     params = [p for p in _setup(model, guide, x, y, 40, spread=0.3).values() if p.requires_grad]
 
@@ -301,6 +278,26 @@ def test_kernel_normals_are_torchs_normals_in_distribution(name):
     kernel_draws = _draws(loss("kernel"), params, range(1000, 1400))
     assert _z(torch_draws[0], kernel_draws[0]) < 5
     assert _z(torch_draws[1], kernel_draws[1]) < 5
+    return loss, params, torch_draws
+
+
+def test_kernel_masks_are_torchs_masks_in_distribution():
+    """The kernels' counter-based mask draws give the loss and every gradient element the
+    same mean as ``torch.rand``'s masks (400 seeds each, within 5 standard errors), and the
+    check has power: a keep probability off by 0.05 is seen."""
+    model, guide = _dropout(n=40)
+    loss, params, torch_draws = _same_mean_under_both_rngs(model, guide)
+    # power: drop rates 0.05 / 0.5 -> 0.1 / 0.55 in the kernel's draws
+    guide._rates = {k: v + 0.05 for k, v in guide._rates.items()}  # the sites' rates
+    shifted = _draws(loss("kernel"), params, range(2000, 2400))
+    assert max(_z(torch_draws[0], shifted[0]), _z(torch_draws[1], shifted[1])) > 5
+
+
+@pytest.mark.parametrize("name", ["meanfield", "vd", "concrete"])
+def test_kernel_normals_are_torchs_normals_in_distribution(name):
+    """The kernels' normal draws (``fill_normal``) give the loss and every gradient element
+    the same mean as ``normal_``'s (400 seeds each, within 5 standard errors)."""
+    _same_mean_under_both_rngs(*BUILD[name](n=40))
 
 
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
