@@ -318,7 +318,7 @@ def _box_muller_reference(n, seed):
     return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 2049, 2050, 300_001])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 2049, 2050, 300_001])
 def test_fill_normal_is_box_muller_on_the_splitmix_stream(n):
     """The polynomial log, cos and sin of the kernel against numpy's, on the same stream, to
     2e-6 (float32 rounding), for lengths odd and even, below and across a chunk."""
