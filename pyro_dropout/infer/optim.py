@@ -16,6 +16,8 @@ import torch
 from pyro.optim import PyroOptim
 from torch.nn.utils import clip_grad_norm_, clip_grad_value_
 
+from .adam_plan import AdamPlan
+
 __all__ = ["FusedOptim", "fused_adam"]
 
 
@@ -63,9 +65,14 @@ class FusedOptim(PyroOptim):
         self.optimizer = None
         self._members = set()
         self._pending_state = None
+        self._plan = None  # AdamPlan: the steady state's update, where it applies
 
     def __call__(self, params, *args, **kwargs):
         params = list(params)
+        plain = not (args or kwargs or self.pt_clip_args)
+        plan = self._plan
+        if plain and plan is not None and plan.matches(self.optimizer, params) and plan.step():
+            return
         new = [p for p in params if p not in self._members]
         if new:
             store = pyro.get_param_store()
@@ -91,6 +98,9 @@ class FusedOptim(PyroOptim):
         finally:
             for p, grad in hidden:
                 p.grad = grad
+        # After the first steps the same parameters step each time: the next steps can run as
+        # one fused call (AdamPlan; None where it does not apply).
+        self._plan = AdamPlan.build(self.optimizer, params) if plain else None
 
     def _construct(self, params):
         try:
@@ -127,6 +137,7 @@ class FusedOptim(PyroOptim):
         state = self._pending_state
         if state is None:
             return
+        self._plan = None
         names = self._names()
         if sorted(names) != sorted(state["param_names"]):
             return  # not all parameters met yet

@@ -180,3 +180,151 @@ def test_lean_adam_step_defers_to_step_where_it_must():
     fused.optimizer.register_step_pre_hook(lambda *a: calls.append(2))
     fused([p])
     assert calls == [2]
+
+
+def _grads(params, step):
+    for p in params:
+        p.grad = torch.sin(p.detach() * (step + 1)) + 0.1
+
+
+def _fused_vs_adam(args, steps, dtype=torch.float32, schedule=None, between=None):
+    """Parameters and optimiser state after ``steps`` steps of ``FusedOptim`` (whose steady
+    state runs as an ``AdamPlan``) and of ``torch.optim.Adam(fused=True)`` itself."""
+    results = []
+    for ours in (True, False):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5, 3, dtype=dtype)) for _ in range(3)]
+        params.append(torch.nn.Parameter(torch.randn(3, dtype=dtype)))
+        if ours:
+            fused = FusedOptim(torch.optim.Adam, dict(args))
+            fused(params)  # creates the optimiser (first step below replaces this one's grads)
+        opt = fused.optimizer if ours else torch.optim.Adam(params, **{"fused": True, **args})
+        sched = schedule(opt) if schedule else None
+        for step in range(steps):
+            _grads(params, step)
+            if between is not None:
+                between(step, params, opt)
+            fused(params) if ours else opt.step()
+            if sched is not None:
+                sched.step()
+        # state by parameter (FusedOptim orders its parameters by name, not as passed)
+        results.append((params, [opt.state[p] for p in params], fused if ours else None))
+    return results
+
+
+def _assert_same(results):
+    (p1, s1, _), (p0, s0, _) = results
+    for a, b in zip(p1, p0, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for i, (a, b) in enumerate(zip(s1, s0, strict=True)):
+        assert a.keys() == b.keys()
+        for k in b:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=f"{i} {k}")
+
+
+@pytest.mark.parametrize(
+    "args, dtype",
+    [
+        ({"lr": 0.01}, torch.float32),
+        ({"lr": 0.01, "weight_decay": 0.1, "maximize": True, "eps": 1e-6}, torch.float32),
+        ({"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}, torch.float32),
+        ({"lr": 0.003, "betas": (0.8, 0.95)}, torch.float64),
+    ],
+    ids=["adam", "decay-maximize", "adamw", "float64"],
+)
+def test_adam_plan_is_fused_adam_bit_for_bit(args, dtype):
+    """The steady state (``AdamPlan``: one ``torch._fused_adam_`` call on cached lists, the
+    step counters views of one tensor) gives the same parameters and state as
+    ``Adam(fused=True).step()``, and it is the path taken."""
+    results = _fused_vs_adam(args, 30, dtype)
+    _assert_same(results)
+    fused = results[0][2]
+    assert fused._plan is not None
+    state = fused.optimizer.state
+    steps = [state[p]["step"] for p in fused.optimizer.param_groups[0]["params"]]
+    assert len({id(s) for s in steps}) == len(steps)  # one counter per parameter
+    assert all(float(s) == 30 for s in steps)
+
+
+def test_adam_plan_follows_a_learning_rate_schedule():
+    _assert_same(
+        _fused_vs_adam({"lr": 0.05}, 30, schedule=lambda o: torch.optim.lr_scheduler.StepLR(o, 7))
+    )
+
+
+def test_adam_plan_steps_nothing_for_a_parameter_without_gradient():
+    """A step where one parameter has no gradient: Adam skips it (its counter stays); the
+    steady-state path defers to ``Adam.step``, and the later steps agree again."""
+
+    def drop_one(step, params, opt):
+        if step in (10, 11, 20):
+            params[1].grad = None
+
+    results = _fused_vs_adam({"lr": 0.01}, 30, between=drop_one)
+    _assert_same(results)
+    fused = results[0][2]
+    counters = [float(fused.optimizer.state[p]["step"]) for p in results[0][0]]
+    assert counters == [30, 27, 30, 30]
+
+
+def test_adam_plan_survives_a_state_round_trip_and_hooks():
+    """``load_state_dict`` mid-run (new state objects) and a step hook (which the plan must
+    not bypass): the same trajectory as torch's Adam, and the hook runs every step."""
+    calls = []
+
+    def reload_and_hook(step, params, opt):
+        if step == 12:
+            opt.load_state_dict(opt.state_dict())
+        if step == 18:
+            opt.register_step_post_hook(lambda *a: calls.append(1))
+
+    results = _fused_vs_adam({"lr": 0.01}, 30, between=reload_and_hook)
+    _assert_same(results)
+    assert len(calls) == 2 * 12  # both runs, steps 18-29
+
+
+def test_adam_plan_is_not_built_where_it_does_not_apply():
+    from pyro_dropout.infer.adam_plan import AdamPlan
+
+    p = torch.nn.Parameter(torch.ones(2))
+    q = torch.nn.Parameter(torch.ones(3))
+    for opt in (
+        torch.optim.SGD([p], lr=0.1),
+        torch.optim.Adam([p], lr=0.1),  # not fused
+        torch.optim.Adam([p], lr=0.1, fused=True, amsgrad=True),
+        torch.optim.Adam([p], lr=torch.tensor(0.1), fused=True),
+    ):
+        p.grad = torch.ones(2)
+        opt.step()
+        assert AdamPlan.build(opt, [p]) is None, opt
+    opt = torch.optim.Adam([p], lr=0.1, fused=True)
+    assert AdamPlan.build(opt, [p]) is None  # no state before the first step
+    opt.step()
+    assert AdamPlan.build(opt, [p]) is not None
+    opt.add_param_group({"params": [q]})
+    assert AdamPlan.build(opt, [p]) is None  # two groups
+    opt = torch.optim.Adam([p, q], lr=0.1, fused=True)
+    q.grad = torch.ones(3)
+    opt.step()
+    assert AdamPlan.build(opt, [p]) is None  # not every parameter of the group
+
+
+def test_adam_plan_keeps_pyros_only_the_steps_parameters_move():
+    """After steady steps of two parameters, a step of one: the other keeps its value and
+    counter (the plan does not apply), then both step again."""
+    a = torch.nn.Parameter(torch.ones(3))
+    b = torch.nn.Parameter(torch.ones(2))
+    fused = fused_adam({"lr": 0.1})
+    for _ in range(3):
+        a.grad, b.grad = torch.ones(3), torch.ones(2)
+        fused([a, b])
+    assert fused._plan is not None
+    before = b.detach().clone()
+    a.grad, b.grad = torch.ones(3), torch.ones(2)
+    fused([a])
+    torch.testing.assert_close(b.detach(), before, rtol=0, atol=0)
+    state = fused.optimizer.state
+    assert (float(state[a]["step"]), float(state[b]["step"])) == (4, 3)
+    a.grad, b.grad = torch.ones(3), torch.ones(2)
+    fused([b, a])
+    assert (float(state[a]["step"]), float(state[b]["step"])) == (5, 4)
