@@ -7,9 +7,12 @@ The workloads are the speed benchmark's (``benchmarks/speed.py``): W1 an 8-50-1 
 batch 32, W2 a 784-400-400-10 classification at batch 128. The hand-written steps compute what
 fit's compiled loss computes for the benchmark's ``BayesianMLP`` under
 ``local_reparameterization()``: MC dropout (input masks, the slab noise σε of
-``BernoulliMaskedNormal`` as a pre-activation variance σ²‖x‖², its KL's weight decay) and
+``BernoulliMaskedNormal`` as a pre-activation variance σ²‖x‖², its KL's weight decay),
 mean-field Gaussian (pre-activation mean and variance, two products per layer, closed-form
-Normal KL) and Concrete dropout with one learned rate per layer (``AutoConcreteDropout``'s
+Normal KL), variational dropout (``AutoVariationalDropout``'s default ``alpha="weight"``:
+the weights' log σ² learned directly, σ² = exp(log σ²), Molchanov et al.'s additive
+parameterisation; with the benchmark's Normal prior its KL is the closed-form Normal one;
+biases mean-field) and Concrete dropout with one learned rate per layer (``AutoConcreteDropout``'s
 default: relaxed keep masks per example and input unit, the layer's output scaled by
 1 / (1 - p), Gal, Hron & Kendall's KL with its entropy term, the rate through a sigmoid), a
 Gaussian (W1) or categorical (W2) likelihood scaled by N / B, one fused Adam. Each is timed
@@ -75,6 +78,25 @@ def _mean_field_loss(task, scale):
     return loss
 
 
+def _vd_loss(task, scale):
+    def loss(x, y, *params):
+        h = x
+        layers = list(zip(*(params[i::4] for i in range(4)), strict=True))
+        kl = 0.0
+        for i, (m, log_var, c, s) in enumerate(layers):
+            sd_b = F.softplus(s)
+            mean = F.linear(h, m, c)
+            var = F.linear(h * h, log_var.exp(), sd_b * sd_b)
+            h = mean + var.sqrt() * torch.randn_like(mean)
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+            kl = kl + 0.5 * (log_var.exp() + m * m - log_var).sum()
+            kl = kl + (0.5 * (sd_b * sd_b + c * c) - sd_b.log()).sum()
+        return kl - _data_term(h, y, task, scale)
+
+    return loss
+
+
 def _concrete_loss(task, scale):
     def loss(x, y, *params):
         h = x
@@ -106,6 +128,9 @@ def _params(sizes, kind):
             params.append(torch.nn.Parameter(0.1 * torch.randn(shape, generator=g)))
             if kind == "mean-field":  # per layer: weight mean, weight ρ, bias mean, bias ρ
                 params.append(torch.nn.Parameter(torch.full(shape, -5.0)))
+            elif kind == "VD":  # per layer: weight mean, weight log σ², bias mean, bias ρ
+                init = torch.full(shape, -5.0 if len(shape) == 1 else -10.0)
+                params.append(torch.nn.Parameter(init))
         if kind == "Concrete dropout":  # per layer: mean weight, bias mean, logit of the rate
             rho = torch.logit(torch.tensor(INIT_RATE))
             params.append(torch.nn.Parameter(rho))
@@ -149,6 +174,7 @@ def main(argv=None):
         "MC dropout": _dropout_loss(1 - w["p"], w["task"], scale),
         "mean-field": _mean_field_loss(w["task"], scale),
         "Concrete dropout": _concrete_loss(w["task"], scale),
+        "VD": _vd_loss(w["task"], scale),
     }
     methods = {}
     for name, loss_fn in losses.items():
