@@ -364,7 +364,7 @@ def _linear_inputs(node):
         return [(ins[0], -1.0)], 0.0
     if kind in ("aten::add", "aten::sub", "aten::rsub") and len(ins) == 3:
         alpha = _number(ins[2])
-        if alpha is None:
+        if not alpha:  # not a constant, or 0 (0 * b: a NaN in b must stay NaN)
             return None
         a, b = (ins[1], ins[0]) if kind == "aten::rsub" else (ins[0], ins[1])
         sign = 1.0 if kind == "aten::add" else -1.0
@@ -385,6 +385,8 @@ def _linear_inputs(node):
         if (numbers[0] is None) == (numbers[1] is None):
             return None  # a product of two computed values, or of two constants
         i = 0 if numbers[1] is not None else 1
+        if not numbers[1 - i]:
+            return None  # x * 0 stays (it is NaN where x is)
         return [(ins[i], numbers[1 - i])], 0.0
     return None
 
@@ -414,8 +416,10 @@ class _Linear:
             self.terms[key] = self.terms.get(key, 0.0) + scale * coef
         self.const += scale * other.const
 
-    def nonzero(self):
-        return [(key, coef) for key, coef in self.terms.items() if coef != 0.0]
+    def items(self):
+        """The terms, those whose coefficients cancelled to 0 included (a NaN or an infinity
+        in them must still reach the result, as it did through the ops)."""
+        return list(self.terms.items())
 
 
 def _foldable(node):
@@ -437,7 +441,9 @@ class _Combo:
     and an ``add`` per value."""
 
     def __init__(self, terms):
-        (_, first), *_ = terms
+        lead = next((i for i, (_, coef) in enumerate(terms) if coef != 0.0), 0)
+        terms = [terms[lead]] + terms[:lead] + terms[lead + 1 :]
+        first = terms[0][1] or 1.0
         self.terms = [(value, coef / first) for value, coef in terms]
         self.scale = first
         shape = ()
@@ -449,7 +455,7 @@ class _Combo:
 def _values(form):
     """The graph values a form reads."""
     out = []
-    for (term, _), _ in form.nonzero():
+    for (term, _), _ in form.items():
         out.extend(v for v, _ in term.terms) if isinstance(term, _Combo) else out.append(term)
     return out
 
@@ -521,7 +527,7 @@ class _LinearFolder:
             return None
         out = _Linear(const=inner.const * n)
         elementwise = []
-        for (term, summed), coef in inner.nonzero():
+        for (term, summed), coef in inner.items():
             if summed:  # a scalar, broadcast to n elements
                 out.add(_Linear({(term, True): 1.0}), coef * n)
             else:
@@ -548,13 +554,13 @@ class _LinearFolder:
 
     def _cost(self, form):
         """Ops to compute ``form`` (see :meth:`_emit`)."""
-        terms = _ordered(form.nonzero())
+        terms = _ordered(form.items())
         if not terms:
             return None
         n = (terms[0][1] != 1.0) + (len(terms) - 1) + (form.const != 0.0)
         for (term, summed), _ in terms:
             if isinstance(term, _Combo):
-                n += len(term.terms)  # its adds and its sum
+                n += len(term.terms) + (term.terms[0][1] != 1.0)  # its ops and its sum
             elif summed and term.type().sizes() != []:
                 n += 1
         return n
@@ -586,7 +592,7 @@ class _LinearFolder:
             return cur
 
         terms = []
-        for (term, summed), coef in _ordered(form.nonzero()):
+        for (term, summed), coef in _ordered(form.items()):
             if isinstance(term, _Combo):
                 term = combine(term.terms)
             if summed and term.type().sizes() != []:
@@ -619,7 +625,7 @@ class _LinearFolder:
             if any(_written_in_place(v) for v in values):
                 continue  # the tree reads them at its ops' places; the rewrite at the root's
             shape = ()
-            for (term, summed), _ in form.nonzero():
+            for (term, summed), _ in form.items():
                 shape = torch.broadcast_shapes(shape, () if summed else tuple(term.type().sizes()))
             if list(shape) != t.sizes():
                 continue  # the terms alone would not give the result's shape

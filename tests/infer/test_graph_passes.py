@@ -392,3 +392,21 @@ def test_folded_graphs_equal_their_functions(data):
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_folding_keeps_a_nan_that_the_ops_would_give():
+    """``2x - 2x`` and ``x * 0`` are NaN where x is NaN: folding must not cancel the term."""
+
+    def fn(x, y):
+        a = (x * 2.0 - x * 2.0 + y).sum()
+        b = (x * 0.0 + y * 3.0).sum()
+        return a, b
+
+    x, y = torch.randn(5), torch.randn(5)
+    t = _trace(fn, x, y)
+    x[2] = float("nan")
+    for out, ref in zip(t(x, y), fn(x, y), strict=True):
+        assert torch.isnan(out) and torch.isnan(ref)
+    x[2] = 1.0
+    for out, ref in zip(t(x, y), fn(x, y), strict=True):
+        torch.testing.assert_close(out, ref)
