@@ -238,3 +238,27 @@ def test_uci_command_line_runs_on_the_device(tmp_path):
         assert rec["versions"]["device"] == CUDA.type
         assert math.isfinite(rec["test"]["ll"])
     assert torch.get_default_device().type == "cpu"  # restored
+
+
+def test_fused_optim_steady_state_is_fused_adam_on_the_device():
+    """``FusedOptim``'s steady-state step (``AdamPlan``: one fused call, step counters views of
+    one tensor on the device) gives what ``torch.optim.Adam(fused=True)`` gives there."""
+    from pyro_dropout.infer import FusedOptim
+
+    results = []
+    for ours in (True, False):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(5, 3, device=CUDA)) for _ in range(3)]
+        fused = FusedOptim(torch.optim.Adam, {"lr": 0.01}) if ours else None
+        opt = None if ours else torch.optim.Adam(params, lr=0.01, fused=True)
+        for step in range(20):
+            for p in params:
+                p.grad = torch.sin(p.detach() * (step + 1))
+            fused(params) if ours else opt.step()
+        if ours:
+            assert fused._plan is not None
+            opt = fused.optimizer
+        assert all(_on_cuda(opt.state[p]["step"]) for p in params)
+        results.append([p.detach().cpu() for p in params])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
