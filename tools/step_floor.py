@@ -59,42 +59,39 @@ def _dropout_loss(keep, task, scale):
     return loss
 
 
-def _mean_field_loss(task, scale):
+def _gaussian_loss(task, scale, weight):
+    """A Gaussian family's step: pre-activation mean and variance (two products per layer),
+    closed-form Normal KLs; ``weight(m, r)`` gives the weights' variance and KL from their mean
+    and second parameter, biases are mean-field (softplus scales)."""
+
     def loss(x, y, *params):
         h = x
         layers = list(zip(*(params[i::4] for i in range(4)), strict=True))
         kl = 0.0
         for i, (m, r, c, s) in enumerate(layers):
-            sd_w, sd_b = F.softplus(r), F.softplus(s)
-            mean = F.linear(h, m, c)
-            var = F.linear(h * h, sd_w * sd_w, sd_b * sd_b)
-            h = mean + var.sqrt() * torch.randn_like(mean)
-            if i < len(layers) - 1:
-                h = torch.relu(h)
-            for mu, sd in ((m, sd_w), (c, sd_b)):
-                kl = kl + (0.5 * (sd * sd + mu * mu) - sd.log()).sum()
-        return kl - _data_term(h, y, task, scale)
-
-    return loss
-
-
-def _vd_loss(task, scale):
-    def loss(x, y, *params):
-        h = x
-        layers = list(zip(*(params[i::4] for i in range(4)), strict=True))
-        kl = 0.0
-        for i, (m, log_var, c, s) in enumerate(layers):
+            var_w, kl_w = weight(m, r)
             sd_b = F.softplus(s)
             mean = F.linear(h, m, c)
-            var = F.linear(h * h, log_var.exp(), sd_b * sd_b)
+            var = F.linear(h * h, var_w, sd_b * sd_b)
             h = mean + var.sqrt() * torch.randn_like(mean)
             if i < len(layers) - 1:
                 h = torch.relu(h)
-            kl = kl + 0.5 * (log_var.exp() + m * m - log_var).sum()
-            kl = kl + (0.5 * (sd_b * sd_b + c * c) - sd_b.log()).sum()
+            kl = kl + kl_w + (0.5 * (sd_b * sd_b + c * c) - sd_b.log()).sum()
         return kl - _data_term(h, y, task, scale)
 
     return loss
+
+
+def _softplus_weight(m, r):
+    """Mean-field: σ = softplus(ρ)."""
+    sd = F.softplus(r)
+    return sd * sd, (0.5 * (sd * sd + m * m) - sd.log()).sum()
+
+
+def _log_variance_weight(m, log_var):
+    """VD, ``alpha="weight"``: log σ² learned directly."""
+    var = log_var.exp()
+    return var, 0.5 * (var + m * m - log_var).sum()
 
 
 def _concrete_loss(task, scale):
@@ -172,9 +169,9 @@ def main(argv=None):
     scale = w["n_data"] / w["batch"]
     losses = {
         "MC dropout": _dropout_loss(1 - w["p"], w["task"], scale),
-        "mean-field": _mean_field_loss(w["task"], scale),
+        "mean-field": _gaussian_loss(w["task"], scale, _softplus_weight),
         "Concrete dropout": _concrete_loss(w["task"], scale),
-        "VD": _vd_loss(w["task"], scale),
+        "VD": _gaussian_loss(w["task"], scale, _log_variance_weight),
     }
     methods = {}
     for name, loss_fn in losses.items():
