@@ -14,12 +14,13 @@ arguments, so it is the same bit for bit (``tests/infer/test_fused_optim.py``).
 
 import torch
 
-__all__ = ["AdamPlan"]
+__all__ = ["AdamPlan", "no_step_hooks"]
 
 _REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _no_hooks(opt):
+def no_step_hooks(opt):
+    """Whether no step hook (the optimiser's or torch's global ones) would run around a step."""
     from torch.optim import optimizer as _optimizer
 
     return not (
@@ -64,7 +65,7 @@ class AdamPlan:
         """The plan for ``opt`` stepping exactly ``params``, or ``None`` (see the class)."""
         if type(opt) is not torch.optim.Adam or not hasattr(torch, "_fused_adam_"):
             return None
-        if len(opt.param_groups) != 1 or not _no_hooks(opt):
+        if len(opt.param_groups) != 1 or not no_step_hooks(opt):
             return None
         group = opt.param_groups[0]
         members = group["params"]
@@ -98,7 +99,7 @@ class AdamPlan:
             and opt.state is self._state
             and len(opt.param_groups) == 1
             and opt.param_groups[0] is self._group
-            and _no_hooks(opt)
+            and no_step_hooks(opt)
             and frozenset(map(id, params)) == self._ids
         )
 
