@@ -23,7 +23,7 @@
 #
 # 1. On a 1-D regression with a gap in the inputs (Foong et al. 2019), the predictive bands of
 #    each guide over the NUTS band, and the fidelity table.
-# 2. On the three problems of `python -m pyro_dropout.benchmarks.reference` (committed in
+# 2. On the three problems of `python -m benchmarks.reference` (committed in
 #    `docs/benchmarks/reference.json`): do the cheap diagnostics (LOO, k̂, held-out LPD) rank
 #    the guides the way the reference does?
 #
@@ -36,13 +36,17 @@
 # %%
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib import pyplot as plt
 
-from pyro_dropout.benchmarks import reference as bench
+# The benchmark is a script of the repository (`benchmarks/`, not installed with the package):
+# this notebook runs from a clone's `examples/` folder, like the committed run it reads below.
+sys.path.insert(0, str(Path("..").resolve()))
+from benchmarks import reference as bench  # noqa: E402
 
 # %% tags=["parameters"]
 QUICK = os.environ.get("PYRO_DROPOUT_QUICK", "0") == "1"
@@ -62,7 +66,7 @@ committed = json.loads(COMMITTED.read_text())
 # `AutoLowRankMultivariateNormal`, `AutoDelta` (MAP), `AutoLaplaceApproximation`, a deep
 # ensemble of MAP fits, and the NUTS reference (`reference_posterior`), all on one
 # `BayesianMLP(1, 1, hidden=(10,), activation="tanh")`, and puts them in one
-# `compare(..., reference=ref)` table. The model is in `pyro_dropout/benchmarks/reference.py`;
+# `compare(..., reference=ref)` table. The model is in `benchmarks/reference.py`;
 # any Pyro model works the same way.
 
 # %%
@@ -119,7 +123,7 @@ fig.tight_layout()
 # %% [markdown]
 # ## 2. Do the cheap diagnostics rank the guides like the reference does?
 #
-# The committed benchmark run (`python -m pyro_dropout.benchmarks.reference`, full budget)
+# The committed benchmark run (`python -m benchmarks.reference`, full budget)
 # has three problems. For each one we rank the approximate fits (NUTS excluded) by their
 # fidelity to the reference (`ref_w1` for regression, `ref_tv` for classification, lower is
 # closer) and by each cheap diagnostic (higher `elpd_loo` and `test_lpd` are better, lower

@@ -6,12 +6,20 @@ module level and inside functions (a lazy import is still a dependency), and so 
 ``importlib.import_module("pyro_dropout...")`` with a literal name. ``from pkg import name``
 is an edge to the submodule ``pkg.name`` when there is one, to ``pkg`` (its ``__init__``)
 otherwise.
+
+The package is the library only: the benchmark scripts are the repository's ``benchmarks/``
+(``python -m benchmarks.<name>`` from the repository root), outside the package and the wheel,
+and no module of the package imports them or their numba kernels.
 """
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -52,7 +60,6 @@ LAYERS = (
     ("diagnostics: scores", ("pyro_dropout.diagnostics",)),
     ("public API", ("pyro_dropout",)),
     ("lightning", ("pyro_dropout.lightning",)),
-    ("benchmarks", ("pyro_dropout.benchmarks",)),
     ("demo", ("pyro_dropout.demo",)),
 )
 
@@ -171,7 +178,7 @@ def test_the_walk_sees_the_edges_that_matter():
     graph = import_graph(ROOT, PACKAGE)
     assert "pyro_dropout.infer.elbo" in graph["pyro_dropout.infer.fit"]
     assert "pyro_dropout.diagnostics" in graph["pyro_dropout"]  # lazy, inside __getattr__
-    assert "pyro_dropout.infer.traced" in graph["pyro_dropout.benchmarks.uci_model"]
+    assert "pyro_dropout.infer.traced" in graph["pyro_dropout.infer.compiled"]
     assert len(graph) > 60 and sum(map(len, graph.values())) > 150
 
 
@@ -198,3 +205,78 @@ def test_the_checks_can_fail(tmp_path):
 @pytest.mark.parametrize("name", [n for _, prefixes in LAYERS for n in prefixes])
 def test_every_layer_entry_exists(name):
     assert name in modules(ROOT, PACKAGE), f"LAYERS names {name}, which is not a module"
+
+
+#: Top-level modules the package must never import: the repository's benchmark scripts (not
+#: installed) and the numba of their kernels (the ``benchmarks`` extra).
+REPO_ONLY = ("benchmarks", "numba")
+
+
+def absolute_imports(root, package):
+    """``{module: {top-level name of each absolute import}}`` inside ``package``."""
+    found = {}
+    for name, (path, _) in modules(root, package).items():
+        tops = found.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                tops.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_package_holds_no_benchmark_code():
+    """The benchmark scripts are ``benchmarks/`` at the repository root, not a subpackage, and
+    no module of the package imports them or numba (a wheel has neither)."""
+    assert not (ROOT / PACKAGE / "benchmarks").exists(), (
+        f"{PACKAGE}/benchmarks is back: benchmark code goes in the repository's benchmarks/"
+    )
+    assert (ROOT / "benchmarks" / "uci" / "__main__.py").is_file()
+    bad = {
+        name: sorted(tops.intersection(REPO_ONLY))
+        for name, tops in absolute_imports(ROOT, PACKAGE).items()
+        if tops.intersection(REPO_ONLY)
+    }
+    assert not bad, f"modules of the package import repository-only code: {bad}"
+
+
+def test_the_import_check_can_fail(tmp_path):
+    (tmp_path / "house").mkdir()
+    (tmp_path / "house" / "__init__.py").write_text(
+        "def f():\n    from benchmarks.uci import run\n"
+    )
+    (tmp_path / "house" / "k.py").write_text("import numba.core\nfrom . import x\n")
+    assert absolute_imports(tmp_path, "house") == {"house": {"benchmarks"}, "house.k": {"numba"}}
+
+
+def wheel_names(tmp_path):
+    """The file names of the wheel that ``pyproject.toml`` builds, from a copy of the tree
+    (setuptools writes its build folders beside the sources)."""
+    src, out = tmp_path / "src", tmp_path / "dist"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in (PACKAGE, "benchmarks"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=skip)
+    build = "import sys; from setuptools import build_meta as b; print(b.build_wheel(sys.argv[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", build, str(out)], cwd=src, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.namelist()
+
+
+def test_the_wheel_holds_the_library_only(tmp_path):
+    """What ``pip install pyro-dropout`` gets: the package, without the benchmark scripts or
+    their numba kernels."""
+    names = wheel_names(tmp_path)
+    assert f"{PACKAGE}/__init__.py" in names and f"{PACKAGE}/infer/fit.py" in names
+    modules_ = [n for n in names if n.endswith(".py")]
+    assert all(n.startswith(f"{PACKAGE}/") for n in modules_), [
+        n for n in modules_ if not n.startswith(f"{PACKAGE}/")
+    ]
+    assert not [n for n in names if "benchmarks" in n.split("/")[:-1]]

@@ -16,7 +16,7 @@ import time
 import pyro
 import torch
 
-from pyro_dropout.benchmarks import speed
+from benchmarks import speed
 
 
 def _timeit(fn, reps):

@@ -15,12 +15,12 @@ python3 -c "import torch, pyro, arviz; print(torch.__version__, pyro.__version__
 echo "== CUDA tests ($(( $(date +%s) - t0 )) s)"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
 echo "== UCI projection on the GPU ($(( $(date +%s) - t0 )) s)"
-timeout 150 python3 -m pyro_dropout.benchmarks.uci --data-dir ../shared/data/uci \
+timeout 150 python3 -m benchmarks.uci --data-dir ../shared/data/uci \
     --out .gpu_uci_est --estimate --device cuda --datasets kin8nm \
     --guides dropout,meanfield,vd,concrete 2>&1 | tail -8
 cp .gpu_uci_est/projection.json "$OUT/uci_projection_cuda.json" 2>/dev/null
 echo "== speed benchmark on the GPU ($(( $(date +%s) - t0 )) s)"
-timeout 200 python3 -m pyro_dropout.benchmarks.speed --device cuda --rounds 3 --no-profile \
+timeout 200 python3 -m benchmarks.speed --device cuda --rounds 3 --no-profile \
     --json "$OUT/speed_cuda.json" > "$OUT/speed_cuda.md" 2>&1
 tail -30 "$OUT/speed_cuda.md"
 echo "== done ($(( $(date +%s) - t0 )) s)"

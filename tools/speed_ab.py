@@ -7,7 +7,7 @@ process per measurement (used for docs/benchmarks/speed.md: between-process nois
 
 Prints the W1 default-predict ratio and the W2 variational-dropout JIT step ratio of the
 checkout on ``PYTHONPATH`` (same functions and baselines as
-``pyro_dropout.benchmarks.speed``).
+``benchmarks.speed``).
 """
 
 import argparse
@@ -16,8 +16,8 @@ import statistics
 import pyro
 import torch
 
+from benchmarks import speed as S
 from pyro_dropout import AutoDropout, AutoVariationalDropout, predict
-from pyro_dropout.benchmarks import speed as S
 
 
 def main():

@@ -1,7 +1,7 @@
 """The floor of a training step: the same estimator as fit's default step, hand-written in
 plain PyTorch (no Pyro, no handlers), against the speed benchmark's plain ``nn.Dropout`` step.
 
-    python tools/step_floor.py [--workload W1|W2] [--rounds 7]
+    PYTHONPATH=. python tools/step_floor.py [--workload W1|W2] [--rounds 7]
 
 The workloads are the speed benchmark's (``benchmarks/speed.py``): W1 an 8-50-1 regression at
 batch 32, W2 a 784-400-400-10 classification at batch 128. The hand-written steps compute what
@@ -29,7 +29,7 @@ import pyro
 import torch
 import torch.nn.functional as F
 
-from pyro_dropout.benchmarks import speed
+from benchmarks import speed
 
 TAU, SLAB2 = 10.0, 1e-4
 TEMPERATURE, INIT_RATE = 0.1, 0.1  # AutoConcreteDropout's defaults

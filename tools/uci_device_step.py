@@ -2,7 +2,7 @@
 training step and a Monte-Carlo pass of the validation phase (all splits × the grid) and of
 the final phase (one member per split), compiled and eager, for a few guides.
 
-    python tools/uci_device_step.py --data-dir ../shared/data/uci --dataset kin8nm --device cuda
+    PYTHONPATH=. python tools/uci_device_step.py --data-dir ../shared/data/uci --dataset kin8nm --device cuda
 
 Prints one JSON line per (phase, guide, mode). A measuring aid for the speed page, not a test.
 """
@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from pyro_dropout.benchmarks import uci_model as um
-from pyro_dropout.benchmarks.uci import _stack_split_arrays
+from benchmarks import uci_model as um
+from benchmarks.uci import _stack_split_arrays
 from pyro_dropout.datasets import load_uci
 
 
@@ -78,7 +78,7 @@ def profile(args):
     eager, with its matrix-product FLOPs and the matmul peak of this process."""
     import pyro
 
-    from pyro_dropout.benchmarks import step_profile
+    from benchmarks import step_profile
 
     ds = load_uci(args.dataset, args.data_dir)
     splits = list(range(ds.n_splits))
@@ -103,8 +103,8 @@ def profile(args):
 def _profile_one(args, ds, guide, members, xb, yb, n, compiled):
     from pyro.infer import SVI
 
+    from benchmarks import step_profile
     from pyro_dropout import local_reparameterization
-    from pyro_dropout.benchmarks import step_profile
     from pyro_dropout.infer import JitMeanFieldELBO, MeanFieldELBO, fused_adam
 
     with torch.device(args.device):

@@ -157,7 +157,7 @@ def test_arviz_export_from_gpu_fits():
 
 @pytest.mark.parametrize("name", ["dropout", "concrete"])
 def test_batched_uci_model_trains_and_evaluates(name):
-    from pyro_dropout.benchmarks import uci_model as um
+    from benchmarks import uci_model as um
 
     g = torch.Generator().manual_seed(0)
     s, n, d = 2, 40, 4
@@ -218,12 +218,12 @@ def test_user_models_and_conv_estimators():
 
 
 def test_uci_command_line_runs_on_the_device(tmp_path):
-    """``python -m pyro_dropout.benchmarks.uci --device cuda``: the quick protocol trains and
+    """``python -m benchmarks.uci --device cuda``: the quick protocol trains and
     evaluates there, and every unit records the device."""
     import json
     from pathlib import Path
 
-    from pyro_dropout.benchmarks import uci
+    from benchmarks import uci
 
     data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
     if not (data / "yacht" / "data.txt").is_file():  # as the other UCI tests: missing data fails

@@ -1,0 +1,236 @@
+"""The command line of ``python -m benchmarks.uci``: options, their checks,
+and the run (train or resume every unit, then summarise and report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pyro_dropout.datasets import UCI_DATASETS, load_uci
+
+from .. import uci_fused
+from .. import uci_model as um
+from .estimate import _projection_markdown, estimate
+from .protocol import FULL_MC_SAMPLES, QUICK
+from .report import PAGE_BEGIN, PAGE_END, markdown, splice_page
+from .run import run_dataset_guide
+from .summary import merge_summaries, summarize
+from .units import _code_state, _log, _versions, _write_json
+
+
+def _names(text, valid, what):
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown {what} {', '.join(map(repr, unknown))}; valid names are: {', '.join(valid)}"
+        )
+    if not names:
+        raise ValueError(f"no {what} given")
+    return names
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.uci",
+        description="UCI regression benchmark (PBP / MC-dropout splits) for the four guides.",
+    )
+    p.add_argument(
+        "--data-dir", required=True, type=Path, help="folder with one sub-folder per dataset"
+    )
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--datasets", default=",".join(UCI_DATASETS))
+    p.add_argument("--guides", default=",".join(um.GUIDES))
+    p.add_argument(
+        "--quick", action="store_true", help="CI smoke test: 2 splits, 10 epochs, T=100, small grid"
+    )
+    p.add_argument("--splits", default=None, help="comma-separated split numbers (default: all)")
+    p.add_argument("--epochs", type=int, default=None, help="override 100 x n_epochs")
+    p.add_argument(
+        "--mc-samples", type=int, default=None, help=f"test passes T (default {FULL_MC_SAMPLES})"
+    )
+    p.add_argument(
+        "--val-mc-samples", type=int, default=None, help="validation passes (default: --mc-samples)"
+    )
+    p.add_argument(
+        "--mc-draws",
+        choices=um.MC_DRAWS,
+        default="weights",
+        help="what one Monte-Carlo pass draws: one weight sample applied to every row "
+        "(default; 5x faster) or fresh pre-activations per row (local reparameterisation, "
+        "Keras' per-example masks; the units of runs before this option). The same "
+        "predictive distribution for every row; recorded in each unit",
+    )
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--split-batch", type=int, default=0, help="splits per batched model (0: all)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)"
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the batched members train and are evaluated: cpu (default) or cuda; "
+        "recorded in every unit (the protocol's settings, hence --resume, do not depend on it)",
+    )
+    p.add_argument("--resume", action="store_true", help="skip units whose JSON files exist")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: summarise the finished units under --out into summary.json and "
+        "results.md (e.g. after a run that spanned several sittings)",
+    )
+    p.add_argument(
+        "--merge",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="SUMMARY_JSON",
+        help="with --report-only: also report the (dataset, guide) rows of this summary.json "
+        "(repeatable; a later file's row replaces an earlier one's, and rows of the units under "
+        "--out replace them all), e.g. a committed summary and the full-protocol re-runs",
+    )
+    p.add_argument(
+        "--page",
+        type=Path,
+        default=None,
+        help="with --report-only: also write the report into this Markdown page, between its "
+        f"lines {PAGE_BEGIN!r} and {PAGE_END!r} (headings one level down)",
+    )
+    p.add_argument(
+        "--estimate", action="store_true", help="only time the phases and project the full run"
+    )
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _resolve(args, parser):
+    """Validate names, load the datasets (surfacing missing files) and fill the defaults."""
+    try:
+        names = _names(args.datasets, UCI_DATASETS, "dataset")
+        args.guide_names = _names(args.guides, tuple(um.GUIDES), "guide")
+        datasets = [load_uci(n, args.data_dir) for n in names]
+        if args.splits is not None:
+            requested = [int(s) for s in args.splits.split(",") if s.strip()]
+        else:
+            requested = list(QUICK["splits"]) if args.quick else None
+        per_ds = {}
+        for ds in datasets:
+            splits = list(range(ds.n_splits)) if requested is None else requested
+            bad = [k for k in splits if not 0 <= k < ds.n_splits]
+            if bad:
+                raise ValueError(f"{ds.name} has splits 0..{ds.n_splits - 1}, got {bad}")
+            for k in splits:  # read every split file now: a bad one fails before any training
+                ds.split(k)
+            per_ds[ds.name] = splits
+    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+        parser.error(str(err))
+    if args.quick:
+        args.epochs = QUICK["epochs"] if args.epochs is None else args.epochs
+        args.mc_samples = QUICK["mc_samples"] if args.mc_samples is None else args.mc_samples
+    args.mc_samples = FULL_MC_SAMPLES if args.mc_samples is None else args.mc_samples
+    args.val_mc_samples = args.mc_samples if args.val_mc_samples is None else args.val_mc_samples
+    for name, value in (("--epochs", args.epochs), ("--mc-samples", args.mc_samples)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be at least 1")
+    if (args.merge or args.page) and not args.report_only:
+        parser.error("--merge and --page only go with --report-only")
+    for path in args.merge:
+        if not path.is_file():
+            parser.error(f"--merge: no such file {path}")
+    if args.page is not None:
+        try:
+            splice_page(args.page.read_text(), "")
+        except (OSError, ValueError) as err:
+            parser.error(f"--page: {err}")
+    if args.val_mc_samples < 1 or args.batch_size < 1 or args.threads < 1:
+        parser.error("--val-mc-samples, --batch-size and --threads must be at least 1")
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device: {err}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this torch sees no CUDA device (use --device cpu)")
+    return datasets, per_ds
+
+
+def run(args, datasets, per_ds):
+    """Run (or resume) the benchmark; writes the units, ``summary.json`` and ``results.md``."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    elapsed = {}
+    for ds in datasets:
+        if getattr(args, "report_only", False):
+            break
+        t0 = time.perf_counter()
+        for guide in args.guide_names:
+            run_dataset_guide(ds, guide, per_ds[ds.name], args)
+        elapsed[ds.name] = time.perf_counter() - t0
+        _log(f"[{ds.name}] wall time of this invocation: {elapsed[ds.name]:.1f} s", args.quiet)
+    summary = summarize(out, datasets, args.guide_names)
+    merged = getattr(args, "merge", [])
+    if merged:
+        summary = merge_summaries([json.loads(p.read_text()) for p in merged] + [summary])
+        summary["merged_from"] = [str(p) for p in merged] + [str(out / "units")]
+    for name, s in elapsed.items():
+        summary["datasets"][name]["wall_s_this_invocation"] = s
+    summary["versions"] = _versions()
+    _write_json(out / "summary.json", summary)
+    # Columns for the guides with at least one finished row.
+    shown = [
+        g for g in args.guide_names if any(g in e["guides"] for e in summary["datasets"].values())
+    ]
+    report = markdown(summary, shown)
+    (out / "results.md").write_text(report)
+    page = getattr(args, "page", None)
+    if page is not None:
+        page.write_text(splice_page(page.read_text(), report))
+    return summary
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    datasets, per_ds = _resolve(args, parser)
+    fused = [g for g in args.guide_names if g in uci_fused.FUSED_GUIDES]
+    if fused and not uci_fused.available():
+        # said even with --quiet: the run is correct but several times slower
+        print(
+            f"note: numba is not installed, so {', '.join(fused)} train on the traced Pyro "
+            "loss instead of the fused kernels (the same estimator, 2-3x slower per "
+            "validation step): pip install 'pyro-dropout[benchmarks]'",
+            file=sys.stderr,
+        )
+    _code_state()  # the commit whose code this process loaded, before any unit is trained
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    previous = torch.get_default_device()
+    # Every tensor of the run (data, members' parameters, Monte-Carlo draws) is made there.
+    # Only when it is not the CPU: a default-device mode intercepts every torch call.
+    if args.device != previous:
+        torch.set_default_device(args.device)
+    try:
+        if args.estimate:
+            rows = [
+                estimate(ds, g, per_ds[ds.name], args) for ds in datasets for g in args.guide_names
+            ]
+            args.out.mkdir(parents=True, exist_ok=True)
+            _write_json(args.out / "projection.json", {"rows": rows, "versions": _versions()})
+            table = _projection_markdown(rows)
+            (args.out / "projection.md").write_text(table)
+            if not args.quiet:
+                print(table)
+            return rows
+        summary = run(args, datasets, per_ds)
+        if not args.quiet:
+            print((args.out / "results.md").read_text())
+        return summary
+    finally:
+        torch.set_num_threads(threads)
+        if args.device != previous:
+            torch.set_default_device(None if previous.type == "cpu" else previous)

@@ -1,0 +1,54 @@
+"""The speed benchmark is a script; this only checks that its --quick mode runs and reports."""
+
+import json
+
+from benchmarks import speed, step_profile
+
+
+def test_quick_mode_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "speed.json", tmp_path / "speed.md"
+    report = speed.main(["--quick", "--rounds", "1", "--json", str(out), "--markdown", str(md)])
+    saved = json.loads(out.read_text())
+    assert len(saved["code"]["commit"]) == 40  # which code produced the numbers
+    assert set(saved["results"]) == {"W1", "W2"}
+    assert saved["matmul_peak_gflops"] > 0
+    for w in ("W1", "W2"):
+        ratios = report["results"][w]["ratios"]
+        expected = {
+            f"{kind}/{g}"
+            for kind in ("fit", "eager", "tutorial", "user-loop")
+            for g in speed.GUIDES
+        }
+        expected |= {"predict", "predict" + speed.PER_EXAMPLE_SUFFIX}
+        assert set(ratios) == expected
+        assert all(r > 0 for r in ratios.values())
+        profile = report["results"][w]["profile"]
+        fit_dropout = profile["fit: AutoDropout"]
+        assert {"loss graph", "backward", "optimiser + SVI", "step"} == set(fit_dropout["phases"])
+        assert {"guide", "model + LRT", "ELBO terms"} <= set(
+            profile["eager: AutoDropout"]["phases"]
+        )
+        # LRT for a Gaussian family: two products per layer (mean and variance), twice the plain
+        # network's matrix-product FLOPs
+        assert abs(profile["fit: AutoMeanField"]["flops_vs_plain"] - 2.0) < 0.01
+    text = md.read_text()
+    assert 'fit\'s default step, compiled (jit="auto"), AutoDropout + LRT' in text
+    assert "fit's step with jit=False (eager), AutoDropout + LRT" in text
+    assert "user's SVI loop" in text and "% of peak" in text
+
+
+def test_targets_are_the_issues():
+    assert speed.target("fit", "AutoDropout", "W1") == 1.5
+    assert speed.target("fit", "AutoConcreteDropout", "W2") == 1.1
+    assert speed.target("tutorial", "AutoMeanField", "W2") == 2.0
+    assert speed.target("user-loop", "AutoVariationalDropout", "W1") == 1.3
+    assert speed.target("predict", None, "W1") == 1.0
+
+
+def test_step_flops_counts_a_matmul_forward_and_backward():
+    import torch
+
+    a = torch.randn(4, 5, requires_grad=True)
+    b = torch.randn(5, 3)
+    flops = step_profile.step_flops(lambda: (a @ b).sum().backward())
+    assert flops == 2 * 4 * 5 * 3 * 2  # forward, and the gradient with respect to a
