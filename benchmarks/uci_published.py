@@ -26,7 +26,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["PUBLISHED", "PUBLISHED_COLUMNS", "BEST_PUBLISHED", "BestPublished", "SE_BASES"]
+__all__ = [
+    "PUBLISHED",
+    "PUBLISHED_COLUMNS",
+    "PUBLISHED_TWO_LAYER",
+    "BEST_PUBLISHED",
+    "BestPublished",
+    "SE_BASES",
+]
 
 #: column key -> (short header, long description)
 PUBLISHED_COLUMNS = {
@@ -105,6 +112,23 @@ PUBLISHED = {
     for name in _RMSE
 }
 
+
+#: Gal & Ghahramani 2016 (arXiv v6, Table 2, "2 Layers"): MC dropout with two hidden layers of 50
+#: units (protein 100) on the same splits, recomputed in ``published_results.md`` from the
+#: per-split files of yaringal/DropoutUncertaintyExps (commit a6259f1, ``results_2_layers``).
+#: ``PUBLISHED_TWO_LAYER[dataset] = {"splits": n, "rmse": (mean, se), "ll": (mean, se)}``.
+#: A Bayesian network on the same splits: a published comparator at any depth (issue 40).
+PUBLISHED_TWO_LAYER = {
+    "bostonHousing": {"splits": 20, "rmse": (2.7963, 0.1344), "ll": (-2.3443, 0.0237)},
+    "concrete": {"splits": 20, "rmse": (4.5037, 0.1794), "ll": (-2.8246, 0.0238)},
+    "energy": {"splits": 20, "rmse": (0.4736, 0.0133), "ll": (-1.4786, 0.0029)},
+    "kin8nm": {"splits": 20, "rmse": (0.0800, 0.0004), "ll": (1.1013, 0.0030)},
+    "naval-propulsion-plant": {"splits": 20, "rmse": (0.0009, 0.0000), "ll": (4.3155, 0.0013)},
+    "power-plant": {"splits": 20, "rmse": (3.6288, 0.0401), "ll": (-2.6746, 0.0065)},
+    "protein-tertiary-structure": {"splits": 5, "rmse": (3.6160, 0.0209), "ll": (-2.7007, 0.0044)},
+    "wine-quality-red": {"splits": 20, "rmse": (0.6030, 0.0102), "ll": (-0.8984, 0.0137)},
+    "yacht": {"splits": 20, "rmse": (0.6565, 0.0624), "ll": (-1.3701, 0.0180)},
+}
 
 #: How the SE of a ``BestPublished`` entry was obtained from the paper's printed ±.
 SE_BASES = {

@@ -21,6 +21,7 @@ from benchmarks.uci_published import (
     BEST_PUBLISHED,
     PUBLISHED,
     PUBLISHED_COLUMNS,
+    PUBLISHED_TWO_LAYER,
     SE_BASES,
 )
 from pyro_dropout import Prediction
@@ -314,8 +315,10 @@ def test_dropout_kl_weight_decay_coefficient():
 
 def test_embedded_published_numbers_match_the_markdown(data_dir):
     text = (data_dir / "published_results.md").read_text()
+    # The one-layer tables come before the two-layer section (its own test, below).
+    one_layer, _, _ = text.partition("## Two hidden layers")
     rows = {}
-    for line in text.splitlines():
+    for line in one_layer.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] in PUBLISHED:
             pairs = [tuple(float(v) for v in c.split("±")) for c in cells[1:]]
@@ -328,6 +331,19 @@ def test_embedded_published_numbers_match_the_markdown(data_dir):
             assert pub[col]["rmse"] == others[i]
             assert pub[col]["ll"] == others[i + 4]
     assert len(rows) == 9
+
+
+def test_embedded_two_layer_numbers_match_the_markdown(data_dir):
+    text = (data_dir / "published_results.md").read_text()
+    _, found, two_layer = text.partition("## Two hidden layers")
+    assert found, "published_results.md has no two-layer section"
+    rows = {}
+    for line in two_layer.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in PUBLISHED_TWO_LAYER:
+            rmse, ll = (tuple(float(v) for v in c.split("±")) for c in cells[2:4])
+            rows[cells[0]] = {"splits": int(cells[1]), "rmse": rmse, "ll": ll}
+    assert rows == PUBLISHED_TWO_LAYER
 
 
 def test_best_published_entries_say_where_their_numbers_come_from():
