@@ -20,7 +20,7 @@ from .protocol import FULL_MC_SAMPLES, QUICK
 from .report import PAGE_BEGIN, PAGE_END, markdown, splice_page
 from .run import run_dataset_guide
 from .summary import merge_summaries, summarize
-from .units import _code_state, _log, _versions, _write_json
+from .units import UNRECORDED_COMMIT, _code_state, _log, _versions, _write_json
 
 
 def _names(text, valid, what):
@@ -159,6 +159,47 @@ def _resolve(args, parser):
     return datasets, per_ds
 
 
+def page_row_problems(summary, sources, datasets):
+    """Why rows of ``summary`` may not go on the page (an empty list when every row may).
+
+    A row goes on the page only when it recomputes from unit files: the units beside the
+    summary it came from (``<folder>/units/<dataset>/<guide>/``) give the same splits and the
+    same per-split test LL and RMSE, and every unit names a commit of a clean tree (a unit
+    written from an uncommitted tree, ``+dirty``, or one that recorded no commit cannot be
+    traced to the code that produced it). ``sources[(dataset, guide)]`` is that folder."""
+    by_name = {ds.name: ds for ds in datasets}
+    problems = []
+    for name, entry in summary["datasets"].items():
+        for guide, row in entry["guides"].items():
+            label = f"{name} / {guide}"
+            folder, ds = sources.get((name, guide)), by_name.get(name)
+            if folder is None or ds is None:
+                problems.append(f"{label}: no source folder known")
+                continue
+            units = summarize(folder, [ds], [guide])["datasets"][name]["guides"].get(guide)
+            if units is None:
+                problems.append(f"{label}: no unit files under {folder / 'units' / name / guide}")
+                continue
+            for key in ("ll", "rmse"):
+                if (
+                    units[key]["per_split"] != row[key]["per_split"]
+                    or units["splits"] != row["splits"]
+                ):
+                    problems.append(
+                        f"{label}: the summary's {key} per split differs from its units under "
+                        f"{folder / 'units'}"
+                    )
+                    break
+            untraced = ("unknown", UNRECORDED_COMMIT)
+            bad = [c for c in units["commits"] if c.endswith("+dirty") or c in untraced]
+            if bad:
+                problems.append(
+                    f"{label}: units from {', '.join(bad)} (splits "
+                    f"{sorted(k for c in bad for k in units['commits'][c])})"
+                )
+    return problems
+
+
 def run(args, datasets, per_ds):
     """Run (or resume) the benchmark; writes the units, ``summary.json`` and ``results.md``."""
     out = Path(args.out)
@@ -174,9 +215,24 @@ def run(args, datasets, per_ds):
         _log(f"[{ds.name}] wall time of this invocation: {elapsed[ds.name]:.1f} s", args.quiet)
     summary = summarize(out, datasets, args.guide_names)
     merged = getattr(args, "merge", [])
+    # Where each (dataset, guide) row comes from: a later source replaces an earlier one.
+    sources = {}
+    for folder, s in [(p.parent, json.loads(p.read_text())) for p in merged] + [(out, summary)]:
+        for name, entry in s["datasets"].items():
+            for guide in entry["guides"]:
+                sources[name, guide] = folder
     if merged:
         summary = merge_summaries([json.loads(p.read_text()) for p in merged] + [summary])
         summary["merged_from"] = [str(p) for p in merged] + [str(out / "units")]
+    page = getattr(args, "page", None)
+    if page is not None:
+        problems = page_row_problems(summary, sources, datasets)
+        if problems:
+            raise SystemExit(
+                f"--page: {len(problems)} row(s) of the page would not rest on committed-tree "
+                "units (re-run them, or leave their summary out of --merge):\n  "
+                + "\n  ".join(problems)
+            )
     for name, s in elapsed.items():
         summary["datasets"][name]["wall_s_this_invocation"] = s
     summary["versions"] = _versions()
@@ -187,7 +243,6 @@ def run(args, datasets, per_ds):
     ]
     report = markdown(summary, shown)
     (out / "results.md").write_text(report)
-    page = getattr(args, "page", None)
     if page is not None:
         page.write_text(splice_page(page.read_text(), report))
     return summary

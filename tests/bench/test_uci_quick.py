@@ -431,9 +431,24 @@ def test_report_only_summarises_without_training(data_dir, tmp_path):
     assert "ours: vd" in md and "ours: dropout" not in md  # columns: guides with a row
 
 
-def test_merge_and_page_regenerate_a_page_from_several_summaries(data_dir, tmp_path, capsys):
+@pytest.fixture
+def clean_commit(monkeypatch):
+    """Units written in the test name a commit of a clean tree, whatever this checkout's
+    state (``_code_state`` is read once per process: cleared before and after)."""
+    from benchmarks.uci import units
+
+    monkeypatch.setenv("PYRO_DROPOUT_COMMIT", "0123abc")
+    units._code_state.cache_clear()
+    yield
+    units._code_state.cache_clear()
+
+
+def test_merge_and_page_regenerate_a_page_from_several_summaries(
+    data_dir, tmp_path, capsys, clean_commit
+):
     """``--report-only --merge A --merge B --page P``: rows of later summaries replace earlier
-    ones, the units under --out replace both, and the page's marked block is rewritten."""
+    ones, the units under --out replace both, and the page's marked block is rewritten; the
+    page takes only rows that recompute from clean-tree units."""
     import copy
 
     from benchmarks.uci.report import PAGE_BEGIN, PAGE_END
@@ -453,18 +468,34 @@ def test_merge_and_page_regenerate_a_page_from_several_summaries(data_dir, tmp_p
     (tmp_path / "b.json").write_text(json.dumps(newer))
     page = tmp_path / "page.md"
     page.write_text(f"# Title\n\nkept\n{PAGE_BEGIN}\nold text\n{PAGE_END}\n\nkept too\n")
-    argv = base + ["--out", str(out), "--report-only", "--page", str(page)]
-    merged = uci.main(
-        argv + ["--merge", str(tmp_path / "a.json"), "--merge", str(tmp_path / "b.json")]
-    )
+    argv = base + ["--out", str(out), "--report-only"]
+    merges = ["--merge", str(tmp_path / "a.json"), "--merge", str(tmp_path / "b.json")]
+    merged = uci.main(argv + merges)
     got = merged["datasets"]["yacht"]["guides"]
     assert list(got) == ["vd", "concrete"]  # the order of the guides' table
     assert got["vd"]["ll"]["mean"] == first["datasets"]["yacht"]["guides"]["vd"]["ll"]["mean"]
     assert got["concrete"]["ll"]["mean"] == -7.5
+    # The page takes no row without units: b.json's concrete row has none beside it.
+    with pytest.raises(SystemExit, match="yacht / concrete: no unit files"):
+        uci.main(argv + merges + ["--page", str(page)])
+    assert "old text" in page.read_text()  # left as it was
+    # A merged summary whose units sit beside it (<folder>/units) is taken; units from an
+    # uncommitted tree are not.
+    other = tmp_path / "other"
+    shutil.copytree(out / "units", other / "units")
+    (other / "summary.json").write_text(json.dumps(first))
+    uci.main(argv + ["--merge", str(other / "summary.json"), "--page", str(page)])
+    unit = sorted((other / "units" / "yacht" / "vd").glob("split_*[0-9].json"))[0]
+    record = json.loads(unit.read_text())
+    record["code"] = {"commit": "0123456789abcdef", "dirty": True}
+    unit.write_text(json.dumps(record))
+    shutil.rmtree(out / "units")  # the row now comes from the merged summary alone
+    with pytest.raises(SystemExit, match=r"yacht / vd: units from 0123456\+dirty"):
+        uci.main(argv + ["--merge", str(other / "summary.json"), "--page", str(page)])
     text = page.read_text()
     assert text.startswith("# Title\n\nkept\n") and text.endswith(f"{PAGE_END}\n\nkept too\n")
     assert "old text" not in text and "# UCI regression benchmark" not in text
-    assert "\n### Test log-likelihood\n" in text and "ours: concrete" in text
+    assert "\n### Test log-likelihood\n" in text and "ours: vd" in text
     # markers missing, or --merge without --report-only: the parser says what to change
     page.write_text("no markers\n")
     for extra, message in (
