@@ -52,8 +52,8 @@ GUIDES = {
 N, DRAWS = 24, 3
 
 
-def _guide(kind, guide_name, model):
-    make = GUIDES[guide_name]
+def _guide(kind, guide_name, model, guides=GUIDES):
+    make = guides[guide_name]
     if not kind.guide_list:
         return make(model)
     guide = AutoGuideList(model)
@@ -62,13 +62,13 @@ def _guide(kind, guide_name, model):
     return guide
 
 
-def _fitted(name, guide_name, n=N, steps=3, lr=0.01, seed=0, jit=False):
+def _fitted(name, guide_name, n=N, steps=3, lr=0.01, seed=0, jit=False, guides=GUIDES):
     """Fit (with local reparameterisation unless the kind has token inputs); return the fit
     and the names of the sites that ``fit`` warned about."""
     kind = KINDS[name]
     model = kind.build()
     x, y = kind.data(n, seed)
-    guide = _guide(kind, guide_name, model)
+    guide = _guide(kind, guide_name, model, guides)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("error")  # any other warning fails the test
         warnings.simplefilter("always", LocalReparameterizationWarning)
@@ -165,7 +165,7 @@ def _check_export(kind, reference, shapes, idata, x, y):
 
 # ------------------------------------------------------------- fits against plain torch
 
-FIT_N, TEST_N, FIT_STEPS = 120, 200, 300
+FIT_N, TEST_N, FIT_STEPS = 100, 200, 250
 
 
 def _map_fit(kind, model, x, y, steps=FIT_STEPS, lr=0.02, seed=0):
@@ -218,23 +218,43 @@ class _Point:
         return self.fn.log_prob(y.reshape(self.fn.shape()))
 
 
-#: the margin: a guide's held-out error may exceed plain torch's by this factor plus offset
-MARGIN = {"regression": (1.5, 0.05), "count": (1.0, 0.15), "classification": (1.0, 0.1)}
+#: a guide's held-out error may exceed the plain-torch fit's by this factor plus offset
+MARGIN = {"regression": (1.75, 0.05), "count": (1.0, 0.15), "classification": (1.0, 0.1)}
+#: MC dropout at p = 0.2 on 2-3 inputs averages predictions over masks that drop a third to
+#: a half of the information; the fit comparison uses p = 0.05 (Gal's small-network range)
+FIT_GUIDES = {**GUIDES, "dropout": lambda m: AutoDropout(m, dropout_rate=0.05)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("guide_name", sorted(GUIDES))
 @pytest.mark.parametrize("name", sorted(KINDS))
-def test_fit_matches_plain_torch(name, guide_name):
-    kind, model, guide, x, y, _ = _fitted(name, guide_name, n=FIT_N, steps=FIT_STEPS, lr=0.02)
+def test_fit_matches_plain_torch(name):
+    """Each guide's held-out error within ``MARGIN`` of a plain-torch MAP fit of the same
+    network (same data, steps and learning rate); both well below the spread of ``y``."""
+    kind = KINDS[name]
     x_test, y_test = kind.data(TEST_N, 1)
-    pred = predict(model, guide, x_test, num_samples=50, seed=0)
-    theirs = _score(
-        kind, _Point(kind.reference(model)(_map_fit(kind, model, x, y), x_test)), y_test
-    )
-    ours = _score(kind, pred, y_test)
+    scores, theirs = {}, None
+    for guide_name in sorted(GUIDES):
+        pyro.clear_param_store()
+        _, model, guide, x, y, _ = _fitted(
+            name, guide_name, n=FIT_N, steps=FIT_STEPS, lr=0.02, jit="auto", guides=FIT_GUIDES
+        )
+        vectorize = False if kind.parallel == "wrong" else "auto"
+        pred = predict(model, guide, x_test, num_samples=50, seed=0, vectorize=vectorize)
+        scores[guide_name] = _score(kind, pred, y_test)
+        if theirs is None:  # the same network, fitted once in plain torch
+            fn = kind.reference(model)(_map_fit(kind, model, x, y), x_test)
+            theirs = _score(kind, _Point(fn), y_test)
     factor, offset = MARGIN[kind.task]
-    assert ours <= factor * theirs + offset, (ours, theirs)
+    assert all(s <= factor * theirs + offset for s in scores.values()), (scores, theirs)
+    # and all learned: well below predicting the mean, the mean rate, one class
+    worst = max(theirs, *scores.values())
+    if kind.task == "regression":
+        assert worst < 0.6 * y_test.std().item(), (scores, theirs)
+    elif kind.task == "count":
+        constant = -torch.distributions.Poisson(y.mean()).log_prob(y_test).mean().item()
+        assert worst < constant - 0.1, (scores, theirs, constant)
+    else:
+        assert worst < 0.5, (scores, theirs)
 
 
 # ------------------------------------------------------------- found by the zoo (xfail)
