@@ -24,6 +24,8 @@ import numpy as np
 import pyro
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyro import poutine
 from pyro.infer import Predictive
 from pyro.infer.autoguide import AutoGuideList, AutoNormal
@@ -39,6 +41,7 @@ from pyro_dropout import (
     to_inference_data,
     weight_draws,
 )
+from pyro_dropout.diagnostics._arviz_compat import get_group
 from pyro_dropout.handlers import LocalReparameterizationWarning
 
 from ._kinds import KINDS
@@ -151,16 +154,45 @@ def _check_returns(kind, reference, shapes, out, x):
 
 
 def _check_export(kind, reference, shapes, idata, x, y):
-    ll = idata.log_likelihood["obs"].values
-    assert ll.shape == (1, DRAWS, N)
-    for s in range(DRAWS):
+    ll = get_group(idata, "log_likelihood")["obs"].values  # on both ArviZ lines
+    posterior = get_group(idata, "posterior")
+    draws, n = ll.shape[1], x.shape[0]
+    assert ll.shape == (1, draws, n)
+    for s in range(draws):
         params = {
-            k: torch.as_tensor(idata.posterior[k].values[0, s]).reshape(shape)
+            k: torch.as_tensor(posterior[k].values[0, s]).reshape(shape)
             for k, shape in shapes.items()
         }
         fn = reference(params, x)
         want = fn.log_prob(y.reshape(fn.shape()))
-        np.testing.assert_allclose(ll[0, s], want.reshape(N).numpy(), atol=1e-4, rtol=1e-5)
+        np.testing.assert_allclose(ll[0, s], want.reshape(n).numpy(), atol=1e-4, rtol=1e-5)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    name=st.sampled_from(sorted(KINDS)),
+    guide_name=st.sampled_from(sorted(GUIDES)),
+    n=st.integers(1, 9),
+    draws=st.integers(1, 4),
+)
+def test_any_rows_and_draws(name, guide_name, n, draws):
+    """Any number of rows (one included) and of draws: ``predict`` and the export keep both
+    axes, and the exported log-likelihood is still the plain-torch one. (Unfitted guides.)"""
+    pyro.clear_param_store()
+    kind = KINDS[name]
+    model = kind.build()
+    x, y = kind.data(n, 2)
+    guide = _guide(kind, guide_name, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LocalReparameterizationWarning)
+        guide(x, y)
+    vectorize = False if kind.parallel == "wrong" else "auto"
+    pred = predict(model, guide, x, num_samples=draws, seed=0, vectorize=vectorize)
+    assert pred.samples.shape[:2] == (draws, n)
+    assert pred.log_likelihood(y).shape == (n,)
+    parallel = False if kind.parallel == "wrong" else "auto"
+    idata = to_inference_data(model, guide, x, y, num_samples=draws, seed=0, parallel=parallel)
+    _check_export(kind, kind.reference(model), _latent_shapes(model, x, y), idata, x, y)
 
 
 # ------------------------------------------------------------- fits against plain torch
