@@ -305,3 +305,22 @@ def test_lstm_vectorised_draws_equal_plain_torch():
     reference = kind.reference(model)
     idata = to_inference_data(model, guide, x, y, num_samples=DRAWS, seed=0)  # parallel="auto"
     _check_export(kind, reference, shapes, idata, x, y)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="raw error: under weight_draws, F.linear / matmul on (N, L, d) token or set inputs "
+    "with drawn weights of shape (S, 1, out, in) fails in the library's broadcasting rule "
+    "(pyro_dropout/nn/functional.py: 'size of tensor a (N) must match ... (S)'), though plain "
+    "torch broadcasts x @ W.mT there; predict/to_inference_data fall back to one draw per pass "
+    "and blame the model ('does not broadcast'). May be fixed with the (B, T, d) input work.",
+)
+@pytest.mark.parametrize("name", ["attention", "deep_sets"])
+def test_weight_draws_broadcast_over_token_inputs(name):
+    kind, model, guide, x, y, _ = _fitted(name, "mean_field")
+    shapes = _latent_shapes(model, x, y)
+    predictive = Predictive(
+        model, guide=guide, num_samples=DRAWS, parallel=True, return_sites=[*shapes, "_RETURN"]
+    )
+    _check_returns(kind, kind.reference(model), shapes, weight_draws(predictive)(x), x)
