@@ -73,8 +73,8 @@ def run_draws(
     :param vectorize: ``"auto"`` (vectorised passes, one draw per pass when the model does not
         broadcast or gives other results vectorised, with a :class:`VectorizationWarning`),
         ``True`` (vectorised or :class:`NotVectorizable`) or ``False``. Before the first
-        vectorised pass the first two draws, taken one at a time, are replayed in one
-        vectorised pass (:func:`~pyro_dropout.infer.draws.verify.verify_vectorized`): a model
+        vectorised pass the first draw, taken alone, is replayed twice in one vectorised pass
+        and must give its own results (:mod:`~pyro_dropout.infer.draws.verify`): a model
         whose result depends on the input's rank (``BatchNorm1d`` on ``(draws, N, H)`` with
         ``N == H`` sees the draws as rows) is caught there. Models made of the library's
         modules skip the check (:func:`~pyro_dropout.infer.draws.verify.needs_check`).
@@ -206,8 +206,8 @@ def _fallback_message(problem, chunk_size):
     return (
         f"the model's results on a vectorised pass of draws differ from its results one draw "
         f"at a time: {problem}. A module whose result depends on the input's rank sees the "
-        "draws as rows (BatchNorm1d or InstanceNorm1d on a (draws, N, H) input with N equal to "
-        "its width; an op on dim 0 or 1 of the hidden activations); a model drawing its own "
+        "draws as rows (BatchNorm1d on a (draws, N, H) input with N equal to its width; an op "
+        "on dim 0 or 1 of the hidden activations); a model drawing its own "
         "random numbers (nn.Dropout in train mode) cannot be checked. Drawing one draw per "
         f"pass instead: the same distribution, one model run per draw instead of one per "
         f"{chunk_size} draws. vectorize=False skips this check and this warning."

@@ -4,25 +4,25 @@ first vectorised pass.
 A vectorised pass puts the draws on a dimension left of the model's plates, so a layer sees a
 ``(draws, N, H)`` input where one draw gives ``(N, H)``. Most operations broadcast over it;
 some read the input's rank: ``BatchNorm1d(H)`` takes a 3-D input as ``(batch, channels,
-length)`` and, when ``N == H``, passes its shape check and normalises over the wrong axes
-(Pyro's ``Predictive(parallel=True)`` has the same failure). No list of such modules can be
-complete (a user's module may reduce over dim 0 or 1), so the run checks the model itself:
+length)`` and, when ``N == H``, passes its shape check and normalises over the wrong axes. No
+list of such modules can be complete (a user's module may reduce over dim 0 or 1), so the run
+checks the model itself:
 the first draw :math:`\theta_1`, taken alone, is replayed twice in one vectorised pass, and
 every recorded quantity of both copies must match what the draw alone gave (the observed
 site's parameters, its mean and log density, requested sites; to a tolerance of a few float
 rounding errors). A model that mistakes the draws for rows normalises or reduces over the
-wrong axis and fails this, whatever the two copies' values. A quantity on which the two
+wrong axis and fails this. A quantity on which the two
 copies disagree is random given θ (a predictive draw, the model's own ``torch.rand``) and is
 not compared; when nothing else is left, the check cannot vouch for the vectorised pass and
 says so.
 
 Cost: one vectorised pass of two draws per run (and one pass of one draw where the run does
-not record the observed site's parameters by weight draws): a third more time for a small
-prediction (T = 100 draws on 50 rows, where a pass costs more than its arithmetic). Models
+not record the observed site's parameters by weight draws): about a third more time for a
+small prediction, where a pass costs more than its arithmetic (100 draws on 50 rows). Models
 built only from the library's modules and ``torch.nn`` modules whose result does not depend
-on the input's rank (:func:`needs_check`; ``BayesianMLP``, ``BayesianConvNet``, a
-``bayesianize``\ d ``Sequential`` of ``Linear`` layers and activations) are known to
-broadcast and skip it.
+on the input's rank (:func:`needs_check`: ``BayesianMLP``, ``BayesianConvNet``, a
+``Sequential`` of ``BayesianLinear`` layers and activations from ``bayesianize``) are known
+to broadcast and skip it.
 """
 
 from __future__ import annotations
