@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..infer.draws.modes import module_mode as _module_mode
 from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
@@ -90,6 +91,18 @@ def _is_pair(fit: Any) -> bool:
         and callable(fit[0])
         and (callable(fit[1]) or _is_samples(fit[1]))
     )
+
+
+def _fit_objects(fits: Any) -> list:
+    """The models and guides of ``(model, guide)`` pairs and ensembles (for their modules)."""
+    if not isinstance(fits, Mapping):
+        return []
+    out = []
+    for fit in fits.values():
+        for pair in fit if isinstance(fit, list) else [fit]:
+            if isinstance(pair, tuple):
+                out.extend(pair)
+    return out
 
 
 def _is_ensemble(fit: Any) -> bool:
@@ -210,6 +223,10 @@ def compare(
     draws are used) and lists of ``(model, guide)`` pairs (an ensemble, e.g. a deep ensemble
     of MAP fits; ``num_samples`` draws split across the members).
 
+    The ``torch.nn`` modules of the pairs' models and guides run in eval mode while they are
+    exported; their modes and buffers are restored afterwards
+    (:func:`~pyro_dropout.infer.draws.modes.module_mode`).
+
     Columns:
 
     * ``rank, elpd_loo, se, p_loo, elpd_diff, dse, weight``: ArviZ's ``az.compare`` on
@@ -245,7 +262,7 @@ def compare(
       reference's own chains (:func:`~pyro_dropout.diagnostics.fidelity.reference_noise_floor`);
       differences between fits smaller than it do not rank them.
     * ``flags``: what makes this row's numbers unreliable, short (empty when nothing does):
-      ``k>0.70 at 38%`` (share of points whose PSIS-LOO k-hat exceeds ``good_k``),
+      ``k>0.70 at 76 of 200 (38%)`` (count and share of points whose PSIS-LOO k-hat exceeds ``good_k``),
       ``k=inf at 60/398``, ``p_loo>N=...`` / ``p_loo>p=...`` (``p_loo`` above the number of
       points or of parameters: loo package glossary), ``VI k=21.3 beyond range`` (VI k-hat
       >= 0.7), ``failed``, ``ref R-hat ...``. See :mod:`pyro_dropout.diagnostics.reliability`.
@@ -289,115 +306,120 @@ def compare(
         ...  # doctest: +SKIP
         >>> table[["elpd_loo", "test_lpd", "vi_khat", "vi_diagnosis"]]  # doctest: +SKIP
     """
-    if reference is not None and not compat.is_arviz_object(reference):
-        raise ValueError(
-            f"reference must be an ArviZ object (e.g. from reference_posterior); got "
-            f"{type(reference).__name__}"
+    with _module_mode(*_fit_objects(fits), mode="eval"):
+        if reference is not None and not compat.is_arviz_object(reference):
+            raise ValueError(
+                f"reference must be an ArviZ object (e.g. from reference_posterior); got "
+                f"{type(reference).__name__}"
+            )
+        if sort_by not in ("elpd_loo", "test_lpd"):
+            raise ValueError(f"sort_by must be 'elpd_loo' or 'test_lpd'; got {sort_by!r}")
+        if on_error not in ("row", "raise"):
+            raise ValueError(f"on_error must be 'row' or 'raise'; got {on_error!r}")
+        fits = _as_fits(
+            fits,
+            x=x,
+            y=y,
+            x_test=x_test,
+            y_test=y_test,
+            num_samples=num_samples,
+            obs_name=obs_name,
+            parallel=parallel,
+            prior=prior,
         )
-    if sort_by not in ("elpd_loo", "test_lpd"):
-        raise ValueError(f"sort_by must be 'elpd_loo' or 'test_lpd'; got {sort_by!r}")
-    if on_error not in ("row", "raise"):
-        raise ValueError(f"on_error must be 'row' or 'raise'; got {on_error!r}")
-    fits = _as_fits(
-        fits,
-        x=x,
-        y=y,
-        x_test=x_test,
-        y_test=y_test,
-        num_samples=num_samples,
-        obs_name=obs_name,
-        parallel=parallel,
-        prior=prior,
-    )
-    ref_cols, ref_note, ref_unconverged = ({}, None, False)
-    if reference is not None:
-        ref_cols, ref_note, ref_unconverged = _reference_info(reference, reference_intervals)
+        ref_cols, ref_note, ref_unconverged = ({}, None, False)
+        if reference is not None:
+            ref_cols, ref_note, ref_unconverged = _reference_info(reference, reference_intervals)
 
-    loos, rows, flags, errors, first_error = {}, {}, {}, {}, None
-    for name, fit in fits.items():
-        try:
-            d = fit() if callable(fit) and not compat.is_arviz_object(fit) else fit
-            lr, vi = loo(d), vi_diagnostic(d)
-            row = {
-                "loo_warning": lr.warning,
-                "loo_max_k": float(np.max(lr.pareto_k)),
-                "loo_n_high_k": int(np.sum(lr.pareto_k > lr.good_k)),
-                "loo_good_k": lr.good_k,
-                "vi_khat": vi["khat"],
-                "vi_diagnosis": vi["diagnosis"],
-                **held_out_scores(d, intervals, n_bins),
-                "loo_pit_ks": loo_pit_ks(d),
-                **(
-                    {"fn_contraction": prior_contraction(d)}
-                    if compat.has_group(d, "prior_predictive")
-                    else {}
+        loos, rows, flags, errors, first_error = {}, {}, {}, {}, None
+        for name, fit in fits.items():
+            try:
+                d = fit() if callable(fit) and not compat.is_arviz_object(fit) else fit
+                lr, vi = loo(d), vi_diagnostic(d)
+                row = {
+                    "loo_warning": lr.warning,
+                    "loo_max_k": float(np.max(lr.pareto_k)),
+                    "loo_n_high_k": int(np.sum(lr.pareto_k > lr.good_k)),
+                    "loo_good_k": lr.good_k,
+                    "vi_khat": vi["khat"],
+                    "vi_diagnosis": vi["diagnosis"],
+                    **held_out_scores(d, intervals, n_bins),
+                    "loo_pit_ks": loo_pit_ks(d),
+                    **(
+                        {"fn_contraction": prior_contraction(d)}
+                        if compat.has_group(d, "prior_predictive")
+                        else {}
+                    ),
+                    **(
+                        fidelity_scores(d, reference, reference_intervals)
+                        if reference is not None
+                        else {}
+                    ),
+                    **ref_cols,
+                    "family": rd.family(d),
+                    "num_samples": lr.n_samples,
+                }
+            except Exception as e:  # noqa: BLE001 - reported in the row, or re-raised below
+                if on_error == "raise":
+                    raise
+                first_error = first_error or e
+                errors[name] = f"{type(e).__name__}: {e}"  # in full in the warning below
+                flags[name] = [("failed", "failed")]
+                continue
+            loos[name], rows[name] = lr, row
+            flags[name] = [
+                *loo_flags(lr.pareto_k, lr.good_k, lr.p, n_params(d)),
+                *vi_flags(vi["khat"], vi["point_mass"]),
+                *(
+                    [("ref_rhat", f"ref R-hat {ref_cols['ref_rhat']:.3f}")]
+                    if ref_unconverged
+                    else []
                 ),
-                **(
-                    fidelity_scores(d, reference, reference_intervals)
-                    if reference is not None
-                    else {}
-                ),
-                **ref_cols,
-                "family": rd.family(d),
-                "num_samples": lr.n_samples,
-            }
-        except Exception as e:  # noqa: BLE001 - reported in the row, or re-raised below
-            if on_error == "raise":
-                raise
-            first_error = first_error or e
-            errors[name] = f"{type(e).__name__}: {e}"  # in full in the warning below
-            flags[name] = [("failed", "failed")]
-            continue
-        loos[name], rows[name] = lr, row
-        flags[name] = [
-            *loo_flags(lr.pareto_k, lr.good_k, lr.p, n_params(d)),
-            *vi_flags(vi["khat"], vi["point_mass"]),
-            *([("ref_rhat", f"ref R-hat {ref_cols['ref_rhat']:.3f}")] if ref_unconverged else []),
+            ]
+        if not loos:  # every fit failed: nothing to compare, the first error is the answer
+            raise first_error
+        for name, reason in errors.items():
+            warnings.warn(
+                f"compare: fit {name!r} failed and gets an empty row (column 'error'): {reason}",
+                UserWarning,
+                stacklevel=2,
+            )
+        table = compat.compare_loo(loos, method=method)
+        extra = pd.DataFrame.from_dict(rows, orient="index")
+        table = table.join(extra)
+        table["flags"] = ["; ".join(short for _, short in flags[name]) for name in table.index]
+        if errors:
+            failed = pd.DataFrame(index=list(errors))
+            failed["flags"] = "failed"
+            # the message's first line (Pyro appends the trace's shapes to errors in a model)
+            failed["error"] = pd.Series({k: v.splitlines()[0] for k, v in errors.items()})
+            table = pd.concat([table, failed])
+            table["rank"] = table["rank"].astype("Int64")
+            table["error"] = table["error"].fillna("")
+        test_cols = ["test_lpd", "test_rmse", *map(_coverage_column, intervals)]
+        test_cols += ["loo_pit_ks", "fn_contraction"]
+        test_cols += ["test_accuracy", "test_ece", "test_brier"]
+        ref_scores = [
+            "ref_w1",
+            "ref_sd_ratio",
+            *(f"ref_cov{round(100 * p):d}" for p in reference_intervals),
         ]
-    if not loos:  # every fit failed: nothing to compare, the first error is the answer
-        raise first_error
-    for name, reason in errors.items():
-        warnings.warn(
-            f"compare: fit {name!r} failed and gets an empty row (column 'error'): {reason}",
-            UserWarning,
-            stacklevel=2,
-        )
-    table = compat.compare_loo(loos, method=method)
-    extra = pd.DataFrame.from_dict(rows, orient="index")
-    table = table.join(extra)
-    table["flags"] = ["; ".join(short for _, short in flags[name]) for name in table.index]
-    if errors:
-        failed = pd.DataFrame(index=list(errors))
-        failed["flags"] = "failed"
-        # the message's first line (Pyro appends the trace's shapes to errors in a model)
-        failed["error"] = pd.Series({k: v.splitlines()[0] for k, v in errors.items()})
-        table = pd.concat([table, failed])
-        table["rank"] = table["rank"].astype("Int64")
-        table["error"] = table["error"].fillna("")
-    test_cols = ["test_lpd", "test_rmse", *map(_coverage_column, intervals)]
-    test_cols += ["loo_pit_ks", "fn_contraction"]
-    test_cols += ["test_accuracy", "test_ece", "test_brier"]
-    ref_scores = [
-        "ref_w1",
-        "ref_sd_ratio",
-        *(f"ref_cov{round(100 * p):d}" for p in reference_intervals),
-    ]
-    ref_scores += ["ref_agreement", "ref_tv"]
-    test_cols += ref_scores + [f"{c}_floor" for c in ref_scores]
-    test_cols += ["ref_rhat", "ref_ess_bulk", "ref_ess_tail"]
-    tail = ["family", "num_samples", "error"]
-    head = [c for c in table.columns if c not in test_cols + tail]
-    table = table[head + [c for c in test_cols if c in table] + [c for c in tail if c in table]]
-    if sort_by == "test_lpd":
-        if "test_lpd" not in table or table["test_lpd"].isna().all():
-            raise ValueError("sort_by='test_lpd' needs fits exported with x_test and y_test")
-        table = table.sort_values("test_lpd", ascending=False)
-    attrs = {
-        "arviz_version": compat.ARVIZ_VERSION,
-        "method": method,
-        "reliability": {name: fl for name, fl in flags.items() if fl},
-        "errors": {k: v.splitlines()[0] for k, v in errors.items()},
-    }
-    if ref_note:
-        attrs["reference_note"] = ref_note
-    return as_compare_table(table, attrs)
+        ref_scores += ["ref_agreement", "ref_tv"]
+        test_cols += ref_scores + [f"{c}_floor" for c in ref_scores]
+        test_cols += ["ref_rhat", "ref_ess_bulk", "ref_ess_tail"]
+        tail = ["family", "num_samples", "error"]
+        head = [c for c in table.columns if c not in test_cols + tail]
+        table = table[head + [c for c in test_cols if c in table] + [c for c in tail if c in table]]
+        if sort_by == "test_lpd":
+            if "test_lpd" not in table or table["test_lpd"].isna().all():
+                raise ValueError("sort_by='test_lpd' needs fits exported with x_test and y_test")
+            table = table.sort_values("test_lpd", ascending=False)
+        attrs = {
+            "arviz_version": compat.ARVIZ_VERSION,
+            "method": method,
+            "reliability": {name: fl for name, fl in flags.items() if fl},
+            "errors": {k: v.splitlines()[0] for k, v in errors.items()},
+        }
+        if ref_note:
+            attrs["reference_note"] = ref_note
+        return as_compare_table(table, attrs)

@@ -49,6 +49,7 @@ from pyro.infer.autoguide import AutoLaplaceApproximation
 from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
+from ..infer.draws.modes import module_mode as _module_mode
 from . import _arviz_compat as compat
 from .groups import build_groups, build_prior_groups, guide_info
 from .samples import samples_inference_data
@@ -84,6 +85,7 @@ def to_inference_data(
     coords: Mapping[str, Any] | None = None,
     seed: int | None = None,
     prior: bool = False,
+    module_mode: str = "eval",
 ) -> Any:
     """Draw ``num_samples`` weight draws from ``guide`` and export them to ArviZ.
 
@@ -130,6 +132,10 @@ def to_inference_data(
             of ArviZ (``az.plot_ppc(idata, group="prior")`` on 0.23,
             ``plot_ppc_dist(dt, group="prior_predictive")`` on 1.x) and
             :func:`~pyro_dropout.diagnostics.plot_prior_functions` read them.
+        module_mode: ``"eval"`` (default): the ``torch.nn`` modules of the model and guide run
+            in eval mode (``BatchNorm`` with its running statistics, ``nn.Dropout`` off);
+            ``"train"``: in train mode. Their modes and buffers are restored afterwards, also
+            after an error (:func:`~pyro_dropout.infer.draws.modes.module_mode`).
 
     Raises:
         ValueError: ``num_samples < 1``, row-count mismatch between ``x`` and ``y`` (or the test
@@ -140,69 +146,81 @@ def to_inference_data(
         ...                           x_test=x_te, y_test=y_te)  # doctest: +SKIP
         >>> import arviz as az; az.loo(idata)  # doctest: +SKIP
     """
-    if guide is None:
-        if not prior:
-            raise ValueError("guide=None exports the prior only: pass prior=True")
-        return _prior_export(
-            model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed
-        )
-    if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
-        data = _samples_export(
-            model, guide, x, y, x_test, y_test, var_names, dims, coords, obs_name, parallel, seed
-        )
-        if prior:
-            add_prior(data, model, x, y, num_samples, obs_name=obs_name, parallel=parallel)
-        return data
-    if seed is not None:
-        pyro.set_rng_seed(seed)
-    family, config = guide_info(guide)
-    if isinstance(guide, AutoLaplaceApproximation):
-        guide = laplace_guide(model, guide, x, y)
-    draws = draw_posterior(
-        model,
-        guide,
-        x,
-        y,
-        num_samples,
-        x_test=x_test,
-        y_test=y_test,
-        var_names=var_names,
-        obs_name=obs_name,
-        parallel=parallel,
-    )
-    obs_name = draws.obs_name
-    attrs = {
-        "guide_family": family,
-        "guide_config": json.dumps(config, sort_keys=True, default=str),
-        "guide_class": f"{type(guide).__module__}.{type(guide).__qualname__}",
-        "model_name": getattr(model, "__name__", type(model).__name__),
-        "obs_name": obs_name,
-        "task": draws.task,
-        "improper_prior_sites": json.dumps(draws.improper_prior_sites),
-        "num_samples": int(num_samples),
-        "parallel": str(parallel),
-        "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
-        "inference_library": "pyro",
-        "inference_library_version": pyro.__version__,
-        "pyro_dropout_version": __version__,
-        "arviz_version": compat.ARVIZ_VERSION,
-    }
-    groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
-    data = compat.build(groups, attrs)
-    if prior:
-        add_prior(
-            data,
+    with _module_mode(model, guide, mode=module_mode):
+        if guide is None:
+            if not prior:
+                raise ValueError("guide=None exports the prior only: pass prior=True")
+            return _prior_export(
+                model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed
+            )
+        if hasattr(guide, "get_samples") or isinstance(guide, Mapping):
+            data = _samples_export(
+                model,
+                guide,
+                x,
+                y,
+                x_test,
+                y_test,
+                var_names,
+                dims,
+                coords,
+                obs_name,
+                parallel,
+                seed,
+            )
+            if prior:
+                add_prior(data, model, x, y, num_samples, obs_name=obs_name, parallel=parallel)
+            return data
+        if seed is not None:
+            pyro.set_rng_seed(seed)
+        family, config = guide_info(guide)
+        if isinstance(guide, AutoLaplaceApproximation):
+            guide = laplace_guide(model, guide, x, y)
+        draws = draw_posterior(
             model,
+            guide,
             x,
             y,
             num_samples,
+            x_test=x_test,
+            y_test=y_test,
+            var_names=var_names,
             obs_name=obs_name,
             parallel=parallel,
-            var_names=var_names,
-            dims=dims,
-            coords=coords,
         )
-    return data
+        obs_name = draws.obs_name
+        attrs = {
+            "guide_family": family,
+            "guide_config": json.dumps(config, sort_keys=True, default=str),
+            "guide_class": f"{type(guide).__module__}.{type(guide).__qualname__}",
+            "model_name": getattr(model, "__name__", type(model).__name__),
+            "obs_name": obs_name,
+            "task": draws.task,
+            "improper_prior_sites": json.dumps(draws.improper_prior_sites),
+            "num_samples": int(num_samples),
+            "parallel": str(parallel),
+            "created_at": _dt.datetime.now(_dt.UTC).isoformat(),
+            "inference_library": "pyro",
+            "inference_library_version": pyro.__version__,
+            "pyro_dropout_version": __version__,
+            "arviz_version": compat.ARVIZ_VERSION,
+        }
+        groups = build_groups(draws, x, y, x_test, y_test, obs_name, dims, coords, attrs)
+        data = compat.build(groups, attrs)
+        if prior:
+            add_prior(
+                data,
+                model,
+                x,
+                y,
+                num_samples,
+                obs_name=obs_name,
+                parallel=parallel,
+                var_names=var_names,
+                dims=dims,
+                coords=coords,
+            )
+        return data
 
 
 def _prior_export(model, x, y, num_samples, obs_name, parallel, var_names, dims, coords, seed):
@@ -265,13 +283,14 @@ def add_prior(
         >>> add_prior(idata, model, x, y, num_samples=200)  # doctest: +SKIP
         >>> import arviz as az; az.plot_ppc(idata, group="prior")  # 0.23  # doctest: +SKIP
     """
-    if seed is not None:
-        pyro.set_rng_seed(seed)
-    draws = draw_prior(
-        model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
-    )
-    groups = build_prior_groups(draws, draws.obs_name, dims, coords)
-    return compat.add_groups(data, groups)
+    with _module_mode(model):  # eval, or the mode of an enclosing export
+        if seed is not None:
+            pyro.set_rng_seed(seed)
+        draws = draw_prior(
+            model, x, y, num_samples, obs_name=obs_name, parallel=parallel, var_names=var_names
+        )
+        groups = build_prior_groups(draws, draws.obs_name, dims, coords)
+        return compat.add_groups(data, groups)
 
 
 def laplace_guide(model: Any, guide: Any, x: Any, y: Any) -> Any:

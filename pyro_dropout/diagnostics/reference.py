@@ -39,6 +39,7 @@ from pyro.poutine.util import is_validation_enabled
 
 from ..handlers import weight_draws
 from ..infer.conform import conform_data
+from ..infer.draws.modes import module_mode as _module_mode
 from . import _arviz_compat as compat
 from . import _reader as rd
 from .samples import samples_inference_data
@@ -367,6 +368,10 @@ def reference_posterior(
     Cost: an 8-50-1 tanh BNN on 500 points takes about 1 ms per gradient with
     ``jit_compile=True``; NUTS uses up to ``2**max_tree_depth`` gradients per iteration.
 
+    The model's ``torch.nn`` modules (and ``init_from``'s) run in eval mode (``BatchNorm``
+    with its running statistics); their modes and buffers are restored afterwards
+    (:func:`~pyro_dropout.infer.draws.modes.module_mode`).
+
     Args:
         model: Pyro model ``model(x, y=None)`` (e.g. :class:`~pyro_dropout.BayesianMLP`).
         x, y: training data (rows = observations).
@@ -401,131 +406,139 @@ def reference_posterior(
         ...                           num_warmup=500, num_samples=500)  # doctest: +SKIP
         >>> compare({"mcd": idata_mcd, "hmc": ref}, reference=ref)  # doctest: +SKIP
     """
-    for name, v in (("num_chains", num_chains), ("num_samples", num_samples), ("thin", thin)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
-    if isinstance(num_warmup, bool) or not isinstance(num_warmup, (int, np.integer)):
-        raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}")
-    if num_warmup < 0:
-        raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}")
-    check_inputs(x, y, x_test, y_test, num_samples)
-    if processes is None:
-        processes = min(num_chains, _available_cores())
-    if isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1:
-        raise ValueError(f"processes must be an integer >= 1; got {processes!r}")
-    processes = min(int(processes), int(num_chains))
-    # The data rule of every entry point (pyro_dropout.infer.conform): checked rows, a (N, 1)
-    # target of a (N,) site reshaped (else NUTS would sample a (N, N) broadcast likelihood).
-    xm, ym, _, _ = conform_data(model, x, y, who="reference_posterior", obs_name=obs_name)
-    inits = [
-        _init_values(model, init_from, xm, ym, seed + c) if init_from is not None else {}
-        for c in range(num_chains)
-    ]
-    sent = model
-    if processes > 1:
-        sent, why = _picklable(model)
-        if sent is None:
+    with _module_mode(model, init_from, mode="eval"):
+        for name, v in (("num_chains", num_chains), ("num_samples", num_samples), ("thin", thin)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
+        if isinstance(num_warmup, bool) or not isinstance(num_warmup, (int, np.integer)):
+            raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}")
+        if num_warmup < 0:
+            raise ValueError(f"num_warmup must be an integer >= 0; got {num_warmup!r}")
+        check_inputs(x, y, x_test, y_test, num_samples)
+        if processes is None:
+            processes = min(num_chains, _available_cores())
+        if (
+            isinstance(processes, bool)
+            or not isinstance(processes, (int, np.integer))
+            or processes < 1
+        ):
+            raise ValueError(f"processes must be an integer >= 1; got {processes!r}")
+        processes = min(int(processes), int(num_chains))
+        # The data rule of every entry point (pyro_dropout.infer.conform): checked rows, a (N, 1)
+        # target of a (N,) site reshaped (else NUTS would sample a (N, N) broadcast likelihood).
+        xm, ym, _, _ = conform_data(model, x, y, who="reference_posterior", obs_name=obs_name)
+        inits = [
+            _init_values(model, init_from, xm, ym, seed + c) if init_from is not None else {}
+            for c in range(num_chains)
+        ]
+        sent = model
+        if processes > 1:
+            sent, why = _picklable(model)
+            if sent is None:
+                warnings.warn(
+                    f"reference_posterior: running the {num_chains} chains one after the other in "
+                    f"this process (processes=1): {why}. Define the model in an importable module "
+                    "(a .py file) to run the chains in parallel, or pass processes=1 to silence "
+                    "this warning.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                processes, sent = 1, model
+        base = {
+            "model": sent,
+            "args": (xm, ym),
+            "num_warmup": int(num_warmup),
+            "num_samples": int(num_samples) * int(thin),
+            "jit_compile": bool(jit_compile),
+            "max_tree_depth": int(max_tree_depth),
+            "target_accept_prob": float(target_accept_prob),
+            "default_dtype": torch.get_default_dtype(),
+            "validation": is_validation_enabled(),
+            "progress": bool(progress),
+            "progress_queue": bool(progress) and processes > 1,
+        }
+        specs = [
+            {**base, "seed": seed + c, "chain": c, "init_values": inits[c]}
+            for c in range(num_chains)
+        ]
+        start = time.perf_counter()
+        if processes == 1:
+            runs = [_run_chain(s) for s in specs]
+        else:
+            runs = _run_parallel(specs, processes, bool(progress))
+        wall = time.perf_counter() - start
+
+        names = list(runs[0]["samples"])
+        samples = {k: torch.cat([r["samples"][k][::thin] for r in runs], 0) for k in names}
+        diverging = np.zeros((num_chains, int(num_samples)), dtype=bool)
+        for c, r in enumerate(runs):
+            kept = [
+                i // thin for i in r["divergences"] if i % thin == 0 and i // thin < num_samples
+            ]
+            diverging[c, kept] = True
+        config = {
+            "num_chains": int(num_chains),
+            "num_warmup": int(num_warmup),
+            "num_samples": int(num_samples),
+            "thin": int(thin),
+            "jit_compile": bool(jit_compile),
+            "max_tree_depth": int(max_tree_depth),
+            "target_accept_prob": float(target_accept_prob),
+            "init_from": None if init_from is None else type(init_from).__name__,
+            "seed": int(seed),
+        }
+        attrs = {
+            "inference": "mcmc",
+            "num_divergent": int(sum(len(r["divergences"]) for r in runs)),
+            "accept_rate": json.dumps([r["accept_rate"] for r in runs]),
+            "step_size": json.dumps([r["step_size"] for r in runs]),
+            "chain_wall_s": json.dumps([r["wall_s"] for r in runs]),
+            "wall_s": float(wall),
+            "processes": int(processes),
+        }
+        data = samples_inference_data(
+            model,
+            samples,
+            x,
+            y,
+            x_test,
+            y_test,
+            num_chains=num_chains,
+            obs_name=obs_name,
+            family="NUTS",
+            config=config,
+            sample_stats={"diverging": diverging},
+            attrs=attrs,
+            seed=seed,
+        )
+        if num_chains >= 2:
+            conv = predictive_convergence(data)
+            fn = {
+                "fn_rhat_max": float(conv["rhat"].max()),
+                "fn_ess_bulk_min": float(conv["ess_bulk"].min()),
+                "fn_ess_tail_min": float(conv["ess_tail"].min()),
+                "fn_convergence_variable": f"{conv['group'].iloc[0]}.{conv['variable'].iloc[0]}",
+            }
+            at = conv["rhat"].idxmax()
+            at = at if isinstance(at, tuple) else (at,)
+            worst = ", ".join(f"{n} {v}" for n, v in zip(conv.index.names, at, strict=True))
+        else:
+            fn = {"fn_rhat_max": float("nan"), "fn_ess_bulk_min": float("nan")}
+            fn["fn_ess_tail_min"] = float("nan")
+            fn["fn_convergence_variable"] = "undefined: one chain"
+        compat.update_root_attrs(data, fn)
+        if not fn["fn_rhat_max"] <= rhat_threshold:
+            reason = (
+                "one chain: R-hat is undefined, run num_chains >= 2"
+                if num_chains < 2
+                else f"the largest function-space R-hat is {fn['fn_rhat_max']:.3f} "
+                f"> {rhat_threshold} ({fn['fn_convergence_variable']} at {worst}): the chains "
+                "disagree about the predictions; run more warm-up and draws, or more chains "
+                "(predictive_convergence(data) lists every point)"
+            )
             warnings.warn(
-                f"reference_posterior: running the {num_chains} chains one after the other in "
-                f"this process (processes=1): {why}. Define the model in an importable module "
-                "(a .py file) to run the chains in parallel, or pass processes=1 to silence "
-                "this warning.",
-                UserWarning,
+                f"reference posterior not converged: {reason}",
+                ReferenceConvergenceWarning,
                 stacklevel=2,
             )
-            processes, sent = 1, model
-    base = {
-        "model": sent,
-        "args": (xm, ym),
-        "num_warmup": int(num_warmup),
-        "num_samples": int(num_samples) * int(thin),
-        "jit_compile": bool(jit_compile),
-        "max_tree_depth": int(max_tree_depth),
-        "target_accept_prob": float(target_accept_prob),
-        "default_dtype": torch.get_default_dtype(),
-        "validation": is_validation_enabled(),
-        "progress": bool(progress),
-        "progress_queue": bool(progress) and processes > 1,
-    }
-    specs = [
-        {**base, "seed": seed + c, "chain": c, "init_values": inits[c]} for c in range(num_chains)
-    ]
-    start = time.perf_counter()
-    if processes == 1:
-        runs = [_run_chain(s) for s in specs]
-    else:
-        runs = _run_parallel(specs, processes, bool(progress))
-    wall = time.perf_counter() - start
-
-    names = list(runs[0]["samples"])
-    samples = {k: torch.cat([r["samples"][k][::thin] for r in runs], 0) for k in names}
-    diverging = np.zeros((num_chains, int(num_samples)), dtype=bool)
-    for c, r in enumerate(runs):
-        kept = [i // thin for i in r["divergences"] if i % thin == 0 and i // thin < num_samples]
-        diverging[c, kept] = True
-    config = {
-        "num_chains": int(num_chains),
-        "num_warmup": int(num_warmup),
-        "num_samples": int(num_samples),
-        "thin": int(thin),
-        "jit_compile": bool(jit_compile),
-        "max_tree_depth": int(max_tree_depth),
-        "target_accept_prob": float(target_accept_prob),
-        "init_from": None if init_from is None else type(init_from).__name__,
-        "seed": int(seed),
-    }
-    attrs = {
-        "inference": "mcmc",
-        "num_divergent": int(sum(len(r["divergences"]) for r in runs)),
-        "accept_rate": json.dumps([r["accept_rate"] for r in runs]),
-        "step_size": json.dumps([r["step_size"] for r in runs]),
-        "chain_wall_s": json.dumps([r["wall_s"] for r in runs]),
-        "wall_s": float(wall),
-        "processes": int(processes),
-    }
-    data = samples_inference_data(
-        model,
-        samples,
-        x,
-        y,
-        x_test,
-        y_test,
-        num_chains=num_chains,
-        obs_name=obs_name,
-        family="NUTS",
-        config=config,
-        sample_stats={"diverging": diverging},
-        attrs=attrs,
-        seed=seed,
-    )
-    if num_chains >= 2:
-        conv = predictive_convergence(data)
-        fn = {
-            "fn_rhat_max": float(conv["rhat"].max()),
-            "fn_ess_bulk_min": float(conv["ess_bulk"].min()),
-            "fn_ess_tail_min": float(conv["ess_tail"].min()),
-            "fn_convergence_variable": f"{conv['group'].iloc[0]}.{conv['variable'].iloc[0]}",
-        }
-        at = conv["rhat"].idxmax()
-        at = at if isinstance(at, tuple) else (at,)
-        worst = ", ".join(f"{n} {v}" for n, v in zip(conv.index.names, at, strict=True))
-    else:
-        fn = {"fn_rhat_max": float("nan"), "fn_ess_bulk_min": float("nan")}
-        fn["fn_ess_tail_min"] = float("nan")
-        fn["fn_convergence_variable"] = "undefined: one chain"
-    compat.update_root_attrs(data, fn)
-    if not fn["fn_rhat_max"] <= rhat_threshold:
-        reason = (
-            "one chain: R-hat is undefined, run num_chains >= 2"
-            if num_chains < 2
-            else f"the largest function-space R-hat is {fn['fn_rhat_max']:.3f} "
-            f"> {rhat_threshold} ({fn['fn_convergence_variable']} at {worst}): the chains "
-            "disagree about the predictions; run more warm-up and draws, or more chains "
-            "(predictive_convergence(data) lists every point)"
-        )
-        warnings.warn(
-            f"reference posterior not converged: {reason}",
-            ReferenceConvergenceWarning,
-            stacklevel=2,
-        )
-    return data
+        return data

@@ -104,6 +104,24 @@ AFFECTED_COLUMNS: dict[str, tuple[str, ...]] = {
 Flag = tuple[str, str]  # (code, short text for the row)
 
 
+def _share(count: int, total: int) -> str:
+    """``count / total`` as a percentage with as many decimals as it takes to show neither
+    0% for a non-zero count nor 100% for less than all (``_share(1, 200) == "0.5%"``).
+
+    Example:
+        >>> _share(1, 200), _share(38, 100), _share(1999, 2000), _share(0, 5), _share(1, 3)
+        ('0.5%', '38%', '99.95%', '0%', '33%')
+    """
+    if total <= 0:
+        return "n/a"
+    pct = 100.0 * count / total
+    for decimals in range(0, 7):
+        text = f"{pct:.{decimals}f}"
+        if (float(text) > 0 or count == 0) and (float(text) < 100 or count == total):
+            return f"{text}%"
+    return f"{pct:.7g}%"
+
+
 def loo_flags(
     pareto_k: np.ndarray, good_k: float, p_loo: float, n_params: int | None = None
 ) -> list[Flag]:
@@ -112,14 +130,14 @@ def loo_flags(
 
     Example:
         >>> loo_flags(np.array([0.1, 0.9, np.inf, 0.2]), 0.7, p_loo=3.5, n_params=3)
-        [('loo_k', 'k>0.70 at 50%'), ('loo_inf', 'k=inf at 1/4'), ('p_loo', 'p_loo>p=3')]
+        [('loo_k', 'k>0.70 at 2 of 4 (50%)'), ('loo_inf', 'k=inf at 1/4'), ('p_loo', 'p_loo>p=3')]
     """
     k = np.asarray(pareto_k, dtype=float).ravel()
     n = k.size
     out: list[Flag] = []
     n_high = int(np.sum(k > good_k))
     if n_high:
-        out.append(("loo_k", f"k>{good_k:.2f} at {n_high / n:.0%}"))
+        out.append(("loo_k", f"k>{good_k:.2f} at {n_high} of {n} ({_share(n_high, n)})"))
     n_inf = int(np.sum(np.isinf(k)))
     if n_inf:
         out.append(("loo_inf", f"k=inf at {n_inf}/{n}"))

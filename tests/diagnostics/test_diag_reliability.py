@@ -49,7 +49,9 @@ def test_pathological_fit_is_flagged_and_the_exact_one_is_not(fits):
     assert table.loc["exact", "flags"] == ""
     assert table.loc[
         "wide", "flags"
-    ] == "k>0.62 at 100%; p_loo>N=60; VI k={:.3g} beyond range".format(table.loc["wide", "vi_khat"])
+    ] == "k>0.62 at 60 of 60 (100%); p_loo>N=60; VI k={:.3g} beyond range".format(
+        table.loc["wide", "vi_khat"]
+    )
     text = repr(table)
     lines = text.splitlines()
     wide = next(line for line in lines if line.startswith("wide"))
@@ -108,7 +110,10 @@ def test_infinite_khat_is_flagged_for_a_saturated_classifier(classif):
 
 def test_flag_rules():
     k = np.array([0.1, 0.9, np.inf, 0.2])
-    assert loo_flags(k, 0.7, p_loo=1.0) == [("loo_k", "k>0.70 at 50%"), ("loo_inf", "k=inf at 1/4")]
+    assert loo_flags(k, 0.7, p_loo=1.0) == [
+        ("loo_k", "k>0.70 at 2 of 4 (50%)"),
+        ("loo_inf", "k=inf at 1/4"),
+    ]
     assert loo_flags(np.full(10, 0.1), 0.7, p_loo=11.0)[0] == ("p_loo", "p_loo>N=10")
     # p_loo > p only counts together with large k (loo glossary); exact posteriors sit at ~p
     assert loo_flags(np.full(10, 0.1), 0.7, p_loo=3.2, n_params=3) == []

@@ -28,13 +28,17 @@ The package, one step of the engine per module:
 * :mod:`~pyro_dropout.infer.draws.accumulate`: what is collected from the traces
   (:class:`DistDraws`, :class:`DrawRun`);
 * :mod:`~pyro_dropout.infer.draws.run`: :func:`run_draws`, vectorised with the sequential
-  fallback.
+  fallback;
+* :mod:`~pyro_dropout.infer.draws.verify`: the check that a vectorised pass gives what one
+  draw alone gives (draws are not mistaken for rows);
+* :mod:`~pyro_dropout.infer.draws.modes`: the model's modules in eval mode during a run, their
+  modes and buffers restored afterwards.
 """
 
 from .accumulate import OBS_SAMPLE, DistDraws, DrawRun
 from .accumulate import _dist_params as _dist_params
 from .plates import _DRAW_PLATE as _DRAW_PLATE
-from .plates import NotVectorizable, SubsampleIndices
+from .plates import NotVectorizable, SubsampleIndices, VectorizationWarning
 from .run import CHUNK_ELEMENTS, run_draws
 from .sites import RETURN_SITE, choose_obs_site
 from .sites import is_improper as is_improper
@@ -47,6 +51,7 @@ __all__ = [
     "OBS_SAMPLE",
     "RETURN_SITE",
     "SubsampleIndices",
+    "VectorizationWarning",
     "choose_obs_site",
     "run_draws",
 ]

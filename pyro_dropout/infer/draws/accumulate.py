@@ -62,6 +62,18 @@ class DrawRun:
     #: latent sites whose prior is improper (flag ``improper``), e.g. ImproperLogUniform
     improper_prior_sites: list = field(default_factory=list)
     obs_event_shape: list = field(default_factory=list)  # per data set
+    #: per data set: the class name of the observed site's distribution
+    obs_family: list = field(default_factory=list)
+
+
+def _unwrapped(fn):
+    """The family behind ``Independent``, mask and expansion wrappers."""
+    while isinstance(fn, Independent) or type(fn).__name__ in (
+        "MaskedDistribution",
+        "ExpandedDistribution",
+    ):
+        fn = fn.base_dist
+    return fn
 
 
 def _dist_params(fn):
@@ -124,6 +136,7 @@ class _Accumulator:
             for k, lst in self.values[i].items():
                 run.values[i][k] = torch.cat(lst, 0)
             run.obs_event_shape.append(d.event)
+            run.obs_family.append(d.family)
         run.latents = {k: torch.cat(v, 0) for k, v in self.latents.items()}
         if self.lp:
             run.log_prior = torch.cat(self.lp, 0)
@@ -208,6 +221,7 @@ def _obs_params(d, fn, c, draw_dim, nesting):
     info = _dist_params(fn)
     if d.obs is None:  # the first draw fixes the layout
         d.event = tuple(fn.event_shape)
+        d.family = type(_unwrapped(fn)).__name__
         if info is None:
             d.obs = "samples"
         else:

@@ -15,6 +15,10 @@ class NotVectorizable(RuntimeError):
     """The model does not broadcast over a leading sample dimension."""
 
 
+class VectorizationWarning(UserWarning):
+    """A run drew one draw per pass because the vectorised pass gave other results."""
+
+
 class SubsampleIndices(Messenger):
     """Set the indices of subsampled plates, ``{plate name: LongTensor}``.
 
@@ -93,6 +97,7 @@ class _Data:
         self.obs = None  # (cls, reinterpreted, batch, {param: tail}) or "samples"
         self.shapes = {}  # site -> per-draw shape of a recorded value
         self.event = None  # the observed site's event shape
+        self.family = None  # the observed site's distribution class name
 
     def row_chunks(self):
         """``[(indices, {plate: idx}, keep)]``: every row in passes of the subsample size."""

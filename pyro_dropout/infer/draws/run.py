@@ -5,6 +5,8 @@ pass where the model does not broadcast."""
 from __future__ import annotations
 
 import contextlib
+import sys
+import warnings
 
 import pyro
 import torch
@@ -12,15 +14,18 @@ from pyro import poutine
 
 from ...handlers import local_reparameterization, weight_draws
 from .accumulate import DrawRun, _Accumulator, _collect
+from .modes import module_mode as _module_mode
 from .plates import (
     _DRAW_PLATE,
     NotVectorizable,
     SubsampleIndices,
+    VectorizationWarning,
     _Data,
     _plate_nesting,
     _subsampled_plates,
 )
 from .sites import _is_observable, _latent_names, choose_obs_site, is_improper
+from .verify import needs_check, stacked_trace, verify_vectorized
 
 #: Elements of the widest layer output per vectorised pass when no chunk size is given. On a
 #: CPU cache-sized passes are fastest (T = 100 on 1,000 points of an 8-50-1 MLP: one pass of
@@ -45,6 +50,7 @@ def run_draws(
     estimator="weights",
     vectorize="auto",
     chunk_size=None,
+    module_mode=None,
 ):
     """Draw ``num_draws`` times from ``guide`` and replay ``model`` on each data set.
 
@@ -65,8 +71,18 @@ def run_draws(
         ``local_reparameterization()``) or an estimator of
         :func:`~pyro_dropout.local_reparameterization` (``"auto"``, ``"lrt"``, ...).
     :param vectorize: ``"auto"`` (vectorised passes, one draw per pass when the model does not
-        broadcast), ``True`` (vectorised or :class:`NotVectorizable`) or ``False``.
+        broadcast or gives other results vectorised, with a :class:`VectorizationWarning`),
+        ``True`` (vectorised or :class:`NotVectorizable`) or ``False``. Before the first
+        vectorised pass the first draw, taken alone, is replayed twice in one vectorised pass
+        and must give its own results (:mod:`~pyro_dropout.infer.draws.verify`): a model
+        whose result depends on the input's rank (``BatchNorm1d`` on ``(draws, N, H)`` with
+        ``N == H`` sees the draws as rows) is caught there. Models made of the library's
+        modules skip the check (:func:`~pyro_dropout.infer.draws.verify.needs_check`).
     :param chunk_size: draws per vectorised pass; by default sized from the first draw.
+    :param str module_mode: the modules of the model and guide run in ``"eval"`` or
+        ``"train"`` mode; None (default): the mode of an enclosing
+        :func:`~pyro_dropout.infer.draws.modes.module_mode` (an entry point's), else
+        ``"eval"``. Their modes and buffers are restored afterwards.
     """
     if vectorize not in ("auto", True, False):
         raise ValueError(f"vectorize must be 'auto', True or False; got {vectorize!r}")
@@ -78,7 +94,7 @@ def run_draws(
         messenger = local_reparameterization(estimator=estimator)
     acc = _Accumulator(len(data))
     run = DrawRun(obs_name=obs_name, obs=[None] * len(data), values=[{} for _ in data])
-    with messenger:
+    with _module_mode(model, guide, mode=module_mode), messenger:
         # The first draw, alone: shapes, plates and the observed site.
         g_tr, m_trs = _draw(model, guide, data, None, probe=True)
         m_tr0 = m_trs[0][0][1]
@@ -99,16 +115,41 @@ def run_draws(
             run.latent_names,
             pointwise,
         )
-        acc.add(_collect(data, g_tr, m_trs, 1, None, nesting, opts))
+        first = _collect(data, g_tr, m_trs, 1, None, nesting, opts)
+        acc.add(first)
+        probe = (g_tr, first)  # the first draw, taken alone: the check's reference
         if chunk_size is None:
             device = data[0].device
             budget = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
             widest = max(messenger.widest_output, *(_widest(tr) for c in m_trs for _, tr in c))
             chunk_size = max(2, budget // max(1, widest))
         vectorized = vectorize is not False
+        checked = vectorize is False or not needs_check(model)
         done = 1
         while done < num_draws:
             c = min(int(chunk_size), num_draws - done) if vectorized else 1
+            if c > 1 and not checked:
+                checked = True
+                devices = [d.device for d in data if d.device.type == "cuda"]
+                try:
+                    # on a forked RNG: the run's draws are those of vectorize=False
+                    with torch.random.fork_rng(devices=devices):
+                        problem = _check(model, data, probe, estimator, nesting, opts)
+                except Exception as e:  # noqa: BLE001 - whatever the model's code raises
+                    if vectorize is True:
+                        raise NotVectorizable(_not_vectorizable(e)) from e
+                    vectorized = False
+                    continue
+                if problem is not None:
+                    if vectorize is True:
+                        raise NotVectorizable(problem)
+                    warnings.warn(
+                        _fallback_message(problem, int(chunk_size)),
+                        VectorizationWarning,
+                        stacklevel=_user_level(),
+                    )
+                    vectorized = False
+                    continue
             if c > 1:
                 draw_dim = -(nesting + 1)
                 try:
@@ -137,23 +178,76 @@ def _not_vectorizable(e):
     )
 
 
+def _check(model, data, probe, estimator, nesting, opts):
+    """The first draw replayed twice in one vectorised pass, compared with its results
+    alone (:mod:`~pyro_dropout.infer.draws.verify`): a message saying what differs, or None."""
+    obs, value_sites, _, _, latent_names, pointwise = opts
+    g_tr, part = probe
+    rebuilt = obs is not None and all(p is not None for p in part["obs"])
+    if estimator == "weights" and (rebuilt or pointwise):
+        check_opts = (obs, value_sites, False, False, latent_names, pointwise)
+        ref = part
+    else:
+        # the run sampled pre-activations, or recorded nothing deterministic of the observed
+        # site: replay the drawn weights alone, recording the site's mean and log density
+        check_opts = (obs, value_sites, False, False, latent_names, obs is not None)
+        tr = stacked_trace([g_tr], None)
+        _, m_trs = _draw(model, None, data, None, fixed=tr)
+        ref = _collect(data, tr, m_trs, 1, None, nesting, check_opts)
+    tr = stacked_trace([g_tr, g_tr], nesting)
+    if tr is None:
+        return "the guide's draw has more batch dimensions than the model has plates"
+    _, m_trs = _draw(model, None, data, (2, -(nesting + 1)), fixed=tr)
+    vec = _collect(data, tr, m_trs, 2, -(nesting + 1), nesting, check_opts)
+    return verify_vectorized(ref, vec)
+
+
+def _fallback_message(problem, chunk_size):
+    return (
+        f"the model's results on a vectorised pass of draws differ from its results one draw "
+        f"at a time: {problem}. A module whose result depends on the input's rank sees the "
+        "draws as rows (BatchNorm1d on a (draws, N, H) input with N equal to its width; an op "
+        "on dim 0 or 1 of the hidden activations); a model drawing its own "
+        "random numbers (nn.Dropout in train mode) cannot be checked. Drawing one draw per "
+        f"pass instead: the same distribution, one model run per draw instead of one per "
+        f"{chunk_size} draws. vectorize=False skips this check and this warning."
+    )
+
+
+def _user_level():
+    """The stack level of the first frame outside this package (for warnings)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("pyro_dropout"):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def _widest(trace):
     sizes = [s["value"].numel() for s in trace.nodes.values() if torch.is_tensor(s.get("value"))]
     return max(sizes, default=1)
 
 
-def _draw(model, guide, data, vector, probe=False):
+def _draw(model, guide, data, vector, probe=False, fixed=None):
     """One guide run (``c`` draws in a plate when ``vector = (c, dim)``) and the model replayed
     on every data set, in row passes for a subsampled plate: ``(guide_trace, [[(key, trace)]])``
-    with ``key = (plate, keep)`` per pass (None without subsampling)."""
+    with ``key = (plate, keep)`` per pass (None without subsampling). With ``fixed`` (a guide
+    trace) the guide does not run: the model replays ``fixed`` under its own
+    :func:`weight_draws`, which sees the replayed weights as fresh draws (so ``F.linear`` on
+    them broadcasts over the draws, as in a run)."""
     plate = (
         pyro.plate(_DRAW_PLATE, vector[0], dim=vector[1]) if vector else contextlib.nullcontext()
     )
     with plate:
-        first_idx = data[0].row_chunks()[0][1]
-        with SubsampleIndices(first_idx):
-            g_tr = poutine.trace(guide).get_trace(*data[0].args, **data[0].kwargs)
-        replayed = poutine.replay(model, trace=g_tr)
+        if fixed is None:
+            first_idx = data[0].row_chunks()[0][1]
+            with SubsampleIndices(first_idx):
+                g_tr = poutine.trace(guide).get_trace(*data[0].args, **data[0].kwargs)
+            replayed = poutine.replay(model, trace=g_tr)
+        else:
+            g_tr = fixed
+            # replay outside weight_draws: the values are set after it saw the sites unset
+            replayed = poutine.replay(weight_draws(model), trace=fixed)
         out = []
         for d in data:
             if probe:
