@@ -17,6 +17,17 @@ family (:func:`register_local_reparameterization`) instead of by the drawn weigh
   ``x @ w.T``) receives at each guided site a :class:`~pyro_dropout.nn.guided_value.GuidedValue`,
   an alias of the drawn tensor whose linear, matmul and convolution operations are routed here.
 
+Tokens and sets. A Linear layer's input ``(sample dims..., B, T..., d)`` has ``B`` examples of
+``T...`` tokens each (the example axis leads, as for ``nn.Linear``'s ``(*, H_in)`` and a
+convolution's ``N``; :func:`~pyro_dropout.nn.functional.token_layout`). One weight draw serves
+all tokens of an example under q, so per-token noise would be another model's (ten identical
+tokens, mean-pooled, got a tenth of q's variance). There ``"auto"`` shares the draw over the
+tokens: Flipout with signs per example for the Gaussian families, masks per example plus a
+Flipout slab for the dropout families (rules marked ``exact_for_tokens``). An enclosing
+vectorised plate that the weight does not vary along, whose size is not ``B``, contradicts
+that reading: the site is then used as drawn, with a warning naming it (``strict=True``
+raises). Inputs ``(B, d)`` take the per-unit LRT path unchanged.
+
 Nothing is monkey-patched. A weight that reaches an operation without a rule (an elementwise
 use, an unsupported op, a family without a rule) is used as drawn, and the messenger warns once
 per site naming the site and the operation (``strict=True`` raises instead).
@@ -73,10 +84,12 @@ __all__ = [
     "weight_draws",
 ]
 
-#: ``"auto"``: ``"lrt"`` for Linear layers; for convolutions an ``"lrt"`` rule marked
-#: ``exact_for_conv`` (Concrete dropout's channel masks), else ``"flipout"`` for families that
-#: have a Flipout rule (Gaussian ones), else ``"per_example"`` (MC dropout's masked family); then the names of :data:`~pyro_dropout.handlers.registry.ESTIMATORS`
-#: applied to every layer, and ``"weights"`` (the drawn weights, shared by the minibatch).
+#: ``"auto"``: ``"lrt"`` for Linear layers on ``(B, d)`` inputs; for convolutions (Linear
+#: layers on token inputs ``(B, T..., d)``) an ``"lrt"`` rule marked ``exact_for_conv``
+#: (``exact_for_tokens``: the dropout families' masks), else ``"flipout"`` for families that
+#: have a Flipout rule (Gaussian ones), else ``"per_example"``; then the names of
+#: :data:`~pyro_dropout.handlers.registry.ESTIMATORS` applied to every layer, and
+#: ``"weights"`` (the drawn weights, shared by the minibatch).
 ESTIMATORS = ("auto", *RULE_ESTIMATORS, "weights")
 
 
@@ -555,10 +568,11 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
         predictive = local_reparameterization(Predictive(model, guide=guide, num_samples=100))
 
     ``estimator`` picks how each layer is sampled per example (default ``"auto"``: exact local
-    reparameterisation for Linear layers; for convolutions Flipout for Gaussian families and
-    one weight draw per example for MC dropout's family, both exact for q jointly over
-    positions); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one estimator everywhere
-    (see ``docs/local-reparameterization.md``).
+    reparameterisation for Linear layers on ``(B, d)`` inputs; for convolutions Flipout for
+    Gaussian families and one weight draw per example for MC dropout's family, both exact for
+    q jointly over positions; for Linear layers on token inputs ``(B, T..., d)`` one draw per
+    example shared over its tokens); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one
+    estimator everywhere (see ``docs/local-reparameterization.md``).
 
     A weight used by more than one operation in one run of the model (a tied autoencoder's
     ``W`` and ``W.T``, a layer applied twice) is not reparameterised: it is sampled once per
