@@ -17,6 +17,17 @@ family (:func:`register_local_reparameterization`) instead of by the drawn weigh
   ``x @ w.T``) receives at each guided site a :class:`~pyro_dropout.nn.guided_value.GuidedValue`,
   an alias of the drawn tensor whose linear, matmul and convolution operations are routed here.
 
+Tokens and sets. A Linear layer's input ``(sample dims..., B, T..., d)`` has ``B`` examples of
+``T...`` tokens each (the example axis leads, as for ``nn.Linear``'s ``(*, H_in)`` and a
+convolution's ``N``; :func:`~pyro_dropout.nn.functional.token_layout`). One weight draw serves
+all tokens of an example under q, so per-token noise would be another model's (ten identical
+tokens, mean-pooled, got a tenth of q's variance). There ``"auto"`` shares the draw over the
+tokens: Flipout with signs per example for the Gaussian families, masks per example plus a
+Flipout slab for the dropout families (rules marked ``exact_for_tokens``). An enclosing
+vectorised plate that the weight does not vary along, whose size is not ``B``, contradicts
+that reading: the site is then used as drawn, with a warning naming it (``strict=True``
+raises). Inputs ``(B, d)`` take the per-unit LRT path unchanged.
+
 Nothing is monkey-patched. A weight that reaches an operation without a rule (an elementwise
 use, an unsupported op, a family without a rule) is used as drawn, and the messenger warns once
 per site naming the site and the operation (``strict=True`` raises instead).
@@ -35,6 +46,7 @@ local_reparameterization=False)``, the ArviZ export) protects itself from an enc
 """
 
 import copy
+import dataclasses
 import os
 import sys
 import warnings
@@ -42,6 +54,7 @@ import warnings
 import pyro
 import torch
 from pyro.distributions import Delta
+from pyro.poutine.indep_messenger import IndepMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
@@ -55,10 +68,11 @@ from ..nn.functional import (
     add_bias,
     align_to_frames,
     check_linear_input,
+    token_layout,
     unexpand,
 )
 from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
-from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
+from .lrt_rules import GaussianPreactivation, _per_example_shape, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
 
@@ -70,10 +84,12 @@ __all__ = [
     "weight_draws",
 ]
 
-#: ``"auto"``: ``"lrt"`` for Linear layers; for convolutions an ``"lrt"`` rule marked
-#: ``exact_for_conv`` (Concrete dropout's channel masks), else ``"flipout"`` for families that
-#: have a Flipout rule (Gaussian ones), else ``"per_example"`` (MC dropout's masked family); then the names of :data:`~pyro_dropout.handlers.registry.ESTIMATORS`
-#: applied to every layer, and ``"weights"`` (the drawn weights, shared by the minibatch).
+#: ``"auto"``: ``"lrt"`` for Linear layers on ``(B, d)`` inputs; for convolutions (Linear
+#: layers on token inputs ``(B, T..., d)``) an ``"lrt"`` rule marked ``exact_for_conv``
+#: (``exact_for_tokens``: the dropout families' masks), else ``"flipout"`` for families that
+#: have a Flipout rule (Gaussian ones), else ``"per_example"``; then the names of
+#: :data:`~pyro_dropout.handlers.registry.ESTIMATORS` applied to every layer, and
+#: ``"weights"`` (the drawn weights, shared by the minibatch).
 ESTIMATORS = ("auto", *RULE_ESTIMATORS, "weights")
 
 
@@ -281,6 +297,10 @@ class LocalReparameterizationMessenger(Messenger):
         weight_fn = self._dists.get(name)
         if weight_fn is None:
             return None  # weights set by conditioning with no fresh draw here: use them
+        if x.dim() > 2 and isinstance(spec, LinearSpec):  # (B, d) inputs never get here
+            spec = self._token_spec(name, x, weight, spec)
+            if spec is None:
+                return None  # the example axis is ambiguous: weight draws (exact for q)
         base = _strip(weight_fn)
         rule = self._rule(name, base, spec)
         if rule is None:
@@ -321,19 +341,49 @@ class LocalReparameterizationMessenger(Messenger):
             out = add_bias(out, bias, spec)
         return out
 
+    def _token_spec(self, name, x, weight, spec):
+        """``spec`` with the token dims of ``x`` (:func:`~pyro_dropout.nn.functional.token_layout`:
+        ``(sample dims..., B, T..., d)``, the example axis leading), or None when an enclosing
+        plate contradicts that reading (reported; the site is then used as drawn).
+
+        A vectorised plate the weight does not vary along is a data plate: its size must be
+        the example axis's. One whose size is only a token axis's (a plate over tokens, or
+        the input laid out ``(T, B, d)``) or no axis's leaves the example axis unknown, and a
+        guess would silently tie the wrong outputs together (or untie the right ones)."""
+        example, tokens = token_layout(x, weight, spec)
+        if not tokens:
+            return spec
+        w_batch = unexpand(weight).shape[: weight.dim() - (1 if spec.vector else 2)]
+        for plate in _PYRO_STACK:
+            if not isinstance(plate, IndepMessenger) or plate.dim is None:
+                continue  # not a vectorised plate
+            size = getattr(plate, "subsample_size", None) or plate.size
+            if size in (1, example):
+                continue
+            if -plate.dim <= len(w_batch) and w_batch[plate.dim] != 1:
+                continue  # a sample plate (particles, predictive draws): one weight each
+            self._report(
+                _token_layout_message(name, x, example, tokens, plate.name, size),
+                key=("tokens", name),
+            )
+            return None
+        return dataclasses.replace(spec, tokens=len(tokens))
+
     def _rule(self, name, base, spec):
         """The rule for this site's family and op: the estimator asked for (for "auto":
-        LRT on Linear layers; Flipout, else one weight per example, on convolutions)."""
+        LRT on Linear layers; Flipout, else one weight per example, on convolutions and on
+        Linear layers over tokens, unless the family's LRT rule is exact there)."""
         if isinstance(base, Delta):  # no variance: nothing to sample per example
             self._report(_no_rule_message(name, base), key=("rule", name))
             return None
         if self.estimator == "auto":
-            if isinstance(spec, LinearSpec):
+            if isinstance(spec, LinearSpec) and not spec.tokens:
                 wanted = ("lrt", "per_example")
             else:
                 wanted = ("flipout", "per_example")
                 lrt = lookup_rule(base, "lrt")
-                if getattr(lrt, "exact_for_conv", False):
+                exact = "exact_for_conv" if isinstance(spec, ConvSpec) else "exact_for_tokens"
+                if getattr(lrt, exact, False):
                     return lrt  # e.g. Concrete dropout's channel masks: exact and cheapest
         else:
             wanted = (self.estimator, "per_example")
@@ -446,7 +496,9 @@ def _is_guided(t):
 
 def _randn_like(out, loc, spec):
     if isinstance(spec, LinearSpec):
-        return torch.randn(out.shape, dtype=out.dtype, device=out.device)
+        # Per example and unit, shared over the example's tokens like the bias itself.
+        shape = _per_example_shape(out.shape, spec, spec.feature_dims)
+        return torch.randn(shape, dtype=out.dtype, device=out.device)
     # Conv: bias noise per example and channel, shared over positions like the bias itself.
     return torch.randn(out.shape[: -spec.ndim], dtype=out.dtype, device=out.device)
 
@@ -466,6 +518,19 @@ def _no_rule_message(name, fn):
         f"site {name!r}, so its weights are used as drawn. Register one with "
         "pyro_dropout.handlers.register_local_reparameterization, or fit without "
         "local_reparameterization."
+    )
+
+
+def _token_layout_message(name, x, example, tokens, plate, size):
+    return (
+        f"local_reparameterization: weight site {name!r} is applied to an input of shape "
+        f"{tuple(x.shape)}, read as {example} examples of {tuple(tokens)} tokens each (the "
+        "leading non-sample axis is the example axis; one weight draw serves all tokens of an "
+        f"example), but it runs inside pyro.plate({plate!r}) of size {size}, which is not the "
+        "example axis: the layout is ambiguous, so the site is used as drawn (one weight draw "
+        "shared by the minibatch: exact for q, without the variance reduction). Lay the input "
+        "out as (examples, tokens..., features), or apply the layer outside that plate. Pass "
+        "strict=True to make this an error."
     )
 
 
@@ -503,10 +568,11 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
         predictive = local_reparameterization(Predictive(model, guide=guide, num_samples=100))
 
     ``estimator`` picks how each layer is sampled per example (default ``"auto"``: exact local
-    reparameterisation for Linear layers; for convolutions Flipout for Gaussian families and
-    one weight draw per example for MC dropout's family, both exact for q jointly over
-    positions); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one estimator everywhere
-    (see ``docs/local-reparameterization.md``).
+    reparameterisation for Linear layers on ``(B, d)`` inputs; for convolutions Flipout for
+    Gaussian families and one weight draw per example for MC dropout's family, both exact for
+    q jointly over positions; for Linear layers on token inputs ``(B, T..., d)`` one draw per
+    example shared over its tokens); ``"lrt"``, ``"flipout"`` or ``"per_example"`` apply one
+    estimator everywhere (see ``docs/local-reparameterization.md``).
 
     A weight used by more than one operation in one run of the model (a tied autoencoder's
     ``W`` and ``W.T``, a layer applied twice) is not reparameterised: it is sampled once per

@@ -17,6 +17,15 @@ mask drops whole input channels, and with the slab noise added by Flipout (share
 positions) the rule is exact jointly over positions and channels. For a grouped convolution the
 kernel's input channel ``j`` is read by every group, so one mask value per example and kernel
 input channel is tiled over the groups.
+
+Tokens and sets. A Linear layer applied to an input ``(B, T, d)`` (``LinearSpec.tokens > 0``)
+uses one weight for the ``T`` tokens of an example, so their outputs are correlated under q.
+Drawn per token, the pre-activations would be independent (ten identical tokens, mean-pooled:
+a tenth of q's variance). There the rules share what they draw over the token dims, like a
+convolution's positions: the dropout families' masks per example (on the input units, or on
+the output units of ``x @ w``) with the slab noise added by Flipout (signs per example), both
+exact jointly over the tokens and marked ``exact_for_tokens``; Flipout and one weight per
+example likewise.
 """
 
 from typing import NamedTuple
@@ -73,6 +82,17 @@ def _lrt_normal(fn, x, spec):
     return GaussianPreactivation(spec(x, fn.loc), spec(x * x, fn.variance))
 
 
+def _per_example_shape(shape, spec, features=1):
+    """``shape`` (a Linear layer's input or output) with its token dims set to 1, so that a
+    mask or noise of that shape is drawn per example and shared over the tokens; ``features``
+    trailing dims are kept (the output of a vector weight has none)."""
+    tokens = spec.tokens
+    if not tokens:
+        return shape
+    n = len(shape) - features
+    return shape[: n - tokens] + (1,) * tokens + shape[n:]
+
+
 def _input_keep_prob(fn, spec):
     """Keep probability per input unit, aligned with the layer input ``x``."""
     keep = 1.0 - fn.dropout_rate.select(-fn.event_dim, 0)  # drop the (size-1) output dim
@@ -93,21 +113,33 @@ def _input_keep_prob(fn, spec):
 
 @register_local_reparameterization(BernoulliMaskedNormal)
 def _lrt_bernoulli_masked_normal(fn, x, spec):
+    tokens = isinstance(spec, LinearSpec) and spec.tokens
     if isinstance(spec, LinearSpec) and spec.transposed:
         # Weight stored (in, out) and used as ``x @ W``: the mask, shared along the first
         # event dim, zeroes whole output columns, so it multiplies the outputs per example.
         mean = spec(x, fn.loc)
         keep = 1.0 - fn.dropout_rate.select(-fn.event_dim, 0)
-        shape = broadcast_shape(mean.shape, keep.shape)
+        rows = _per_example_shape(mean.shape, spec, spec.feature_dims) if tokens else mean.shape
+        shape = broadcast_shape(rows, keep.shape)
         mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
-        return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
-    keep = _input_keep_prob(fn, spec)
-    shape = broadcast_shape(x.shape, keep.shape)
-    # A float 0/1 mask made in place (``lt_`` keeps the dtype): a bool mask would be
-    # converted to x's dtype by every product with it.
-    mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
-    mean = spec(x * mask, fn.loc)
+        mean = mean * mask
+    else:
+        keep = _input_keep_prob(fn, spec)
+        shape = broadcast_shape(
+            _per_example_shape(x.shape, spec) if tokens else x.shape, keep.shape
+        )
+        # A float 0/1 mask made in place (``lt_`` keeps the dtype): a bool mask would be
+        # converted to x's dtype by every product with it.
+        mask = torch.rand(shape, dtype=x.dtype, device=x.device).lt_(keep)
+        mean = spec(x * mask, fn.loc)
+    if tokens:
+        # One weight per example serves its tokens: the slab noise too (Flipout).
+        return mean + _flipout_slab(fn, x, spec)
     return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
+
+
+#: Exact jointly over the tokens of a Linear layer's input (masks and slab per example).
+_lrt_bernoulli_masked_normal.exact_for_tokens = True
 
 
 def _concrete_mask_and_weight(fn, rate, shape):
@@ -134,12 +166,16 @@ def _lrt_concrete_masked_normal(fn, x, spec):
         # Bernoulli rule above).
         weight = fn.loc if fn.mean_weight is None else fn.mean_weight
         mean = spec(x, weight)
-        mask, _ = _concrete_mask_and_weight(fn, rate, broadcast_shape(mean.shape, rate_shape))
+        rows = _per_example_shape(mean.shape, spec, spec.feature_dims)
+        mask, _ = _concrete_mask_and_weight(fn, rate, broadcast_shape(rows, rate_shape))
+        if spec.tokens:
+            return mean * mask + _flipout_slab(fn, x, spec)
         return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
-    # One mask value per example and input unit; for a convolution per example and channel
-    # (the rate's kernel dims are 1, so the mask broadcasts over positions).
+    # One mask value per example and input unit (shared over an example's tokens); for a
+    # convolution per example and channel (the rate's kernel dims are 1, so the mask
+    # broadcasts over positions).
     if isinstance(spec, LinearSpec):
-        rows = x.shape
+        rows = _per_example_shape(x.shape, spec)
     else:
         # A grouped kernel (out, C/g, *k) has one mask per *kernel* input channel, and q shares
         # it across the g groups: channel j of every group reads the same z_j (a depthwise
@@ -161,19 +197,17 @@ def _lrt_concrete_masked_normal(fn, x, spec):
     mean = spec(x * mask, weight)
     if out_scale is not None:
         mean = mean * out_scale
-    if isinstance(spec, LinearSpec):
+    if isinstance(spec, LinearSpec) and not spec.tokens:
         return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
-    # A kernel is shared by all positions, so its slab noise σ ⊙ ε must be too: Flipout (one
-    # perturbation per draw, random signs per example and channel; exact for the symmetric ε)
-    # rather than independent Gaussian noise per position.
-    delta = fn.scale * torch.randn(fn.batch_shape + fn.event_shape, dtype=x.dtype, device=x.device)
-    s = _signs(_per_channel(x.shape, spec), x)
-    pert = spec(x * s, delta)
-    return mean + _signs(_per_channel(pert.shape, spec), x) * pert
+    # A kernel is shared by all positions (a Linear weight by all tokens), so its slab noise
+    # σ ⊙ ε must be too: Flipout rather than independent Gaussian noise per position.
+    return mean + _flipout_slab(fn, x, spec)
 
 
-#: Exact jointly over a convolution's positions: "auto" prefers it to Flipout there.
+#: Exact jointly over a convolution's positions and a Linear input's tokens: "auto" prefers
+#: it to Flipout there.
 _lrt_concrete_masked_normal.exact_for_conv = True
+_lrt_concrete_masked_normal.exact_for_tokens = True
 
 
 # -- Flipout (Wen et al. 2018) ----------------------------------------------------------------
@@ -184,12 +218,24 @@ def _signs(shape, like):
     return torch.rand(shape, dtype=like.dtype, device=like.device).lt_(0.5).mul_(2).sub_(1)
 
 
-def _per_channel(shape, spec):
+def _per_channel(shape, spec, features=1):
     """``shape`` of an input or output with its spatial dims reduced to 1 (one sign per
-    example and channel for a convolution, per example and unit for a Linear layer)."""
+    example and channel for a convolution, per example and unit for a Linear layer, shared
+    over its token dims; ``features`` as in :func:`_per_example_shape`)."""
     if isinstance(spec, ConvSpec):
         return shape[: len(shape) - spec.ndim] + (1,) * spec.ndim
-    return shape
+    return _per_example_shape(shape, spec, features)
+
+
+def _flipout_slab(fn, x, spec):
+    r"""Flipout's perturbation ``r ⊙ op(x ⊙ s, σ ⊙ ε)`` of the slab noise σ ⊙ ε (one ε per
+    draw, signs per example and channel): the example sees the weight noise
+    :math:`(σ \odot ε) \odot (r s^\top)`, distributed as σ ⊙ ε (ε symmetric, independent of
+    the signs and of the masks), the same at all its positions or tokens."""
+    delta = fn.scale * torch.randn(fn.batch_shape + fn.event_shape, dtype=x.dtype, device=x.device)
+    s = _signs(_per_channel(x.shape, spec), x)
+    pert = spec(x * s, delta)
+    return _signs(_per_channel(pert.shape, spec, spec.feature_dims), x) * pert
 
 
 @register_local_reparameterization(Normal, estimator="flipout")
@@ -204,7 +250,7 @@ def _flipout_normal(fn, x, spec):
     delta = fn.scale * torch.randn(fn.batch_shape, dtype=x.dtype, device=x.device)
     s = _signs(_per_channel(x.shape, spec), x)
     pert = spec(x * s, delta)
-    r = _signs(_per_channel(pert.shape, spec), x)
+    r = _signs(_per_channel(pert.shape, spec, spec.feature_dims), x)
     return mean + r * pert
 
 
@@ -226,7 +272,10 @@ def _per_example(fn, x, spec):
     event = weight_event_dims(spec)
     if len(fn.event_shape) < event:
         fn = Independent(fn, event - len(fn.event_shape))
-    rows = x.shape[: x.dim() - (spec.feature_dims if isinstance(spec, ConvSpec) else 1)]
+    if isinstance(spec, ConvSpec):
+        rows = x.shape[: x.dim() - spec.feature_dims]
+    else:  # one draw per example, shared over its tokens
+        rows = _per_example_shape(x.shape, spec)[:-1]
     batch = broadcast_shape(rows, fn.batch_shape)
     w = fn.expand(batch).rsample()
     return spec(x, w)

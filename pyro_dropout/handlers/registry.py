@@ -24,7 +24,9 @@ def register_local_reparameterization(family, estimator="lrt"):
     Dispatch follows the class hierarchy, like :func:`torch.distributions.kl.register_kl`.
     An ``"lrt"`` rule that is exact jointly over a convolution's positions may set the attribute
     ``exact_for_conv = True``; ``estimator="auto"`` then uses it for convolutions too (as for
-    :class:`~pyro_dropout.ConcreteMaskedNormal`).
+    :class:`~pyro_dropout.ConcreteMaskedNormal`); one exact jointly over the tokens of a
+    Linear layer's input ``(B, T..., d)`` (``spec.tokens`` > 0: its draws shared over those
+    dims) may set ``exact_for_tokens = True``.
 
     Example::
 

@@ -15,8 +15,20 @@ _ONE_OUTPUT = LinearSpec()
 @register_local_reparameterization(VectorWeight)
 def _lrt_vector_weight(fn, x, spec):
     layer = fn.layer
-    rule = lookup_rule(layer, "lrt") or lookup_rule(layer, "per_example")
-    out = rule(layer, x, _ONE_OUTPUT)
+    if spec.tokens:
+        # One weight per example serves its tokens: the layer family's rule that is exact
+        # there (as ``estimator="auto"`` picks for a Linear layer on tokens).
+        lrt = lookup_rule(layer, "lrt")
+        rule = lrt if getattr(lrt, "exact_for_tokens", False) else None
+        rule = rule or lookup_rule(layer, "flipout") or lookup_rule(layer, "per_example")
+        out = rule(layer, x, LinearSpec(tokens=spec.tokens))
+    else:
+        rule = lookup_rule(layer, "lrt") or lookup_rule(layer, "per_example")
+        out = rule(layer, x, _ONE_OUTPUT)
     if isinstance(out, GaussianPreactivation):
         return GaussianPreactivation(out.mean.squeeze(-1), out.var.squeeze(-1))
     return out.squeeze(-1)
+
+
+#: Picks the layer family's rule that is exact on tokens (above).
+_lrt_vector_weight.exact_for_tokens = True

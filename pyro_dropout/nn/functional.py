@@ -22,7 +22,7 @@ from pyro.poutine.runtime import effectful
 
 from .._broadcast import broadcast_shape, unexpand
 
-__all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "unexpand"]
+__all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "token_layout", "unexpand"]
 
 
 def _unexpand_batch(t, event_dim):
@@ -42,6 +42,29 @@ def _split_batch(x_batch, w_batch):
     return rows
 
 
+def token_layout(x, weight, spec):
+    """``(example_size, token_shape)`` of a Linear layer's input ``x`` against its ``weight``.
+
+    The batch dims of ``x`` (all but the features) that the weight does not vary over are the
+    rows of one matrix product (:func:`_split_batch`, aligned from the right as torch
+    broadcasts); the dims to their left are sample dims (one weight draw each). Of the rows,
+    the first is the example axis and the others, if any, are token dims: one example's
+    tokens (a sequence, a set) all meet the same weight under q. This is the layout torch
+    gives ``nn.Linear`` (``(*, H_in)``, batch first) and the library's convention for
+    convolutions (the example axis leads, ``N`` of ``(N, C, H, W)``). ``token_shape`` is
+    ``()`` for an input ``(B, d)`` (or ``(S, B, d)`` with a weight drawn per sample ``S``).
+    """
+    weight = unexpand(weight)
+    event = 1 if spec.vector else 2
+    w_batch = weight.shape[: max(weight.dim() - event, 0)]
+    x_batch = x.shape[:-1]
+    rows = _split_batch(x_batch, w_batch)
+    if rows < 2:
+        return (x_batch[-1] if rows else None), ()
+    first = len(x_batch) - rows
+    return x_batch[first], x_batch[first + 1 :]
+
+
 @dataclass(frozen=True)
 class LinearSpec:
     """``y = x Wᵀ (+ b)`` with broadcasting over batch dims of ``W`` and ``x``.
@@ -49,10 +72,16 @@ class LinearSpec:
     :param bool transposed: the weight is stored ``(in, out)`` and the product is ``x W``
         (a functional model's ``x @ w``); default ``(out, in)`` as ``torch.nn.Linear``.
     :param bool vector: the weight is a vector ``(in,)`` and ``y = x · w`` has no output dim.
+    :param int tokens: how many input dims between the example axis and the features one
+        weight draw serves (an input ``(B, T, d)``: 1; a set or a sequence of ``T`` tokens per
+        example). The product is the same; the local-reparameterisation rules read it to draw
+        their noise and masks once per example, shared over these dims
+        (:func:`token_layout`).
     """
 
     transposed: bool = False
     vector: bool = False
+    tokens: int = 0
 
     @property
     def feature_dims(self):
