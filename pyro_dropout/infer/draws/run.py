@@ -134,7 +134,7 @@ def run_draws(
                 try:
                     # on a forked RNG: the run's draws are those of vectorize=False
                     with torch.random.fork_rng(devices=devices):
-                        problem = _check(model, data, probe, estimator, nesting, opts)
+                        problem = _check(model, guide, data, probe, estimator, nesting, opts)
                 except Exception as e:  # noqa: BLE001 - whatever the model's code raises
                     if vectorize is True:
                         raise NotVectorizable(_not_vectorizable(e)) from e
@@ -178,9 +178,10 @@ def _not_vectorizable(e):
     )
 
 
-def _check(model, data, probe, estimator, nesting, opts):
-    """The first draw replayed twice in one vectorised pass, compared with its results
-    alone (:mod:`~pyro_dropout.infer.draws.verify`): a message saying what differs, or None."""
+def _check(model, guide, data, probe, estimator, nesting, opts):
+    """The first draw replayed twice in one vectorised pass with a second draw, each compared
+    with its results alone (:mod:`~pyro_dropout.infer.draws.verify`): a message saying what
+    differs, or None."""
     obs, value_sites, _, _, latent_names, pointwise = opts
     g_tr, part = probe
     rebuilt = obs is not None and all(p is not None for p in part["obs"])
@@ -194,12 +195,19 @@ def _check(model, data, probe, estimator, nesting, opts):
         tr = stacked_trace([g_tr], None)
         _, m_trs = _draw(model, None, data, None, fixed=tr)
         ref = _collect(data, tr, m_trs, 1, None, nesting, check_opts)
-    tr = stacked_trace([g_tr, g_tr], nesting)
+    # A second, different draw goes third: a model that gives every draw of a pass the first
+    # draw's weights (torch.lstm reads only W[0, 0] of a stacked weight, without an error)
+    # agrees with itself on the two copies and is caught only against another draw alone.
+    g_other, _ = _draw(model, guide, data, None)
+    tr_other = stacked_trace([g_other], None)
+    _, m_other = _draw(model, None, data, None, fixed=tr_other)
+    other = _collect(data, tr_other, m_other, 1, None, nesting, check_opts)
+    tr = stacked_trace([g_tr, g_tr, g_other], nesting)
     if tr is None:
         return "the guide's draw has more batch dimensions than the model has plates"
-    _, m_trs = _draw(model, None, data, (2, -(nesting + 1)), fixed=tr)
-    vec = _collect(data, tr, m_trs, 2, -(nesting + 1), nesting, check_opts)
-    return verify_vectorized(ref, vec)
+    _, m_trs = _draw(model, None, data, (3, -(nesting + 1)), fixed=tr)
+    vec = _collect(data, tr, m_trs, 3, -(nesting + 1), nesting, check_opts)
+    return verify_vectorized(ref, vec, other)
 
 
 def _fallback_message(problem, chunk_size):

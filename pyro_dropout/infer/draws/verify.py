@@ -7,8 +7,9 @@ some read the input's rank: ``BatchNorm1d(H)`` takes a 3-D input as ``(batch, ch
 length)`` and, when ``N == H``, passes its shape check and normalises over the wrong axes. No
 list of such modules can be complete (a user's module may reduce over dim 0 or 1), so the run
 checks the model itself:
-the first draw :math:`\theta_1`, taken alone, is replayed twice in one vectorised pass, and
-every recorded quantity of both copies must match what the draw alone gave (the observed
+the first draw :math:`\theta_1`, taken alone, is replayed twice in one vectorised pass
+together with a second draw :math:`\theta_2`, and every recorded quantity of each must match
+what that draw alone gave (the observed
 site's parameters, its mean and log density, requested sites; to a tolerance of a few float
 rounding errors). A model that mistakes the draws for rows normalises or reduces over the
 wrong axis and fails this. A quantity on which the two
@@ -16,7 +17,11 @@ copies disagree is random given θ (a predictive draw, the model's own ``torch.r
 not compared; when nothing else is left, the check cannot vouch for the vectorised pass and
 says so.
 
-Cost: one vectorised pass of two draws per run (and one pass of one draw where the run does
+(The second draw catches an operation that gives every draw of a pass the first draw's
+weights: ``torch.lstm`` accepts a stacked weight and reads only its first matrix.)
+
+Cost: one vectorised pass of three draws and one pass of a second draw alone per run (and
+one pass of one draw where the run does
 not record the observed site's parameters by weight draws): about a third more time for a
 small prediction, where a pass costs more than its arithmetic (100 draws on 50 rows). Models
 built only from the library's modules and ``torch.nn`` modules whose result does not depend
@@ -123,12 +128,14 @@ def _quantities(part, i):
     return out
 
 
-def verify_vectorized(ref, vec):
-    """Compare a vectorised part of two copies of one draw with the part of that draw alone:
-    None when they agree, else a message saying what differs."""
+def verify_vectorized(ref, vec, other=None):
+    """Compare a vectorised part of two copies of one draw (and, third, of another draw) with
+    the parts of those draws alone: None when they agree, else a message saying what
+    differs."""
     compared, random = 0, []
     for i in range(len(vec["obs"])):
         seq = _quantities(ref, i)
+        alt = _quantities(other, i) if other is not None else {}
         for name, v in _quantities(vec, i).items():
             if name not in seq:
                 continue
@@ -136,15 +143,19 @@ def verify_vectorized(ref, vec):
             if not _close(v[0], v[1]):
                 random.append(name)
                 continue
-            if not _close(v[0], r):
-                diff = (v[0].double() - r.double()).abs() if v[0].shape == r.shape else None
-                size = (
-                    f"differs by up to {float(diff.nan_to_num(0.0).max()):.3g}"
-                    if diff is not None and diff.numel()
-                    else f"has shape {tuple(v[0].shape)} against {tuple(r.shape)}"
-                )
-                where = f" on data set {i}" if len(vec["obs"]) > 1 else ""
-                return f"{name}{where} {size} between the vectorised pass and the draw alone"
+            pairs = [(v[0], r)]
+            if name in alt and v.shape[0] > 2:
+                pairs.append((v[2], alt[name][0].detach()))
+            for got, want in pairs:
+                if not _close(got, want):
+                    diff = (got.double() - want.double()).abs() if got.shape == want.shape else None
+                    size = (
+                        f"differs by up to {float(diff.nan_to_num(0.0).max()):.3g}"
+                        if diff is not None and diff.numel()
+                        else f"has shape {tuple(got.shape)} against {tuple(want.shape)}"
+                    )
+                    where = f" on data set {i}" if len(vec["obs"]) > 1 else ""
+                    return f"{name}{where} {size} between the vectorised pass and the draw alone"
             compared += 1
     if random and not compared:
         return (
