@@ -309,11 +309,13 @@ def compare(
         parallel=parallel,
         prior=prior,
     )
-    ref_cols, ref_note, ref_unconverged = ({}, None, False)
+    ref_cols: dict[str, Any] = {}
+    ref_note, ref_unconverged = None, False
     if reference is not None:
         ref_cols, ref_note, ref_unconverged = _reference_info(reference, reference_intervals)
 
-    loos, rows, flags, errors, first_error = {}, {}, {}, {}, None
+    loos, rows, flags, errors = {}, {}, {}, {}
+    first_error: Exception | None = None
     for name, fit in fits.items():
         try:
             d = fit() if callable(fit) and not compat.is_arviz_object(fit) else fit
@@ -355,6 +357,7 @@ def compare(
             *([("ref_rhat", f"ref R-hat {ref_cols['ref_rhat']:.3f}")] if ref_unconverged else []),
         ]
     if not loos:  # every fit failed: nothing to compare, the first error is the answer
+        assert first_error is not None  # a fit either added a row or recorded its error
         raise first_error
     for name, reason in errors.items():
         warnings.warn(

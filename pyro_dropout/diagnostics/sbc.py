@@ -379,6 +379,7 @@ def _replicate(r: int, spec: _Spec) -> dict[str, Any]:
                 obs_name=spec.obs_name,
             )
         test = d.test
+        assert test is not None  # draw_posterior was given x_test
         f = test.mean if test.mean is not None else test.probs
         if f is None:
             raise ValueError("the fitted guide's predictive has no function values to rank")
@@ -388,7 +389,8 @@ def _replicate(r: int, spec: _Spec) -> dict[str, Any]:
     if spec.folder is not None:
         path = Path(spec.folder) / f"rep_{r:05d}.npz"
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **{k.replace("/", "__"): np.asarray(v) for k, v in out.items()})
+        arrays = {k.replace("/", "__"): np.asarray(v) for k, v in out.items()}
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
         os.replace(tmp, path)
     return out
 

@@ -33,7 +33,7 @@ class EmpiricalBayesScale(TorchDistribution):
     :param float init_scale: the value of :meth:`sample` (and of the guides' first prototype run).
     """
 
-    arg_constraints = {}
+    arg_constraints: dict[str, constraints.Constraint] = {}
     has_rsample = False
 
     def __init__(

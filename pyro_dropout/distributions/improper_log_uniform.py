@@ -28,7 +28,7 @@ class ImproperLogUniform(TorchDistribution):
         to match a weight tensor).
     """
 
-    arg_constraints = {}
+    arg_constraints: dict[str, constraints.Constraint] = {}
     support = constraints.real
     has_rsample = False
     #: Its density does not integrate to one (nor to anything finite): code that needs a

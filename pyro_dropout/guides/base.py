@@ -55,7 +55,7 @@ class AutoWeightGuide(AutoGuide):
         deterministic network.
     """
 
-    family = None
+    family: str | None = None
 
     def __init__(self, model, *, init_loc_fn=init_to_fan_in, create_plates=None):
         self.init_loc_fn = init_loc_fn
@@ -117,7 +117,7 @@ class AutoWeightGuide(AutoGuide):
                 delattr(self, group)
 
     #: Attribute names of the PyroModules that hold per-site parameters.
-    _PARAM_GROUPS = ("locs", "scales", "log_sigma2", "log_alphas")
+    _PARAM_GROUPS: tuple[str, ...] = ("locs", "scales", "log_sigma2", "log_alphas")
 
     def _build_from_prototype(self, *args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
@@ -286,7 +286,7 @@ class AutoWeightGuide(AutoGuide):
         return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
 
 
-_INSTANCES = {}
+_INSTANCES: dict[str, int] = {}
 
 
 def _instance_name(name):

@@ -424,8 +424,8 @@ class LocalReparameterizationMessenger(Messenger):
 
 #: Frames in these directories are not the user's code (the warning points past them).
 _INTERNAL_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep
-    for m in (sys.modules[__package__.split(".")[0]], pyro, torch)
+    os.path.dirname(str(m.__file__)) + os.sep
+    for m in (sys.modules[__name__.split(".")[0]], pyro, torch)
 )
 
 

@@ -1,5 +1,9 @@
 """Registry of pre-activation samplers, keyed by estimator and weight distribution family."""
 
+from collections.abc import Callable
+
+import torch
+
 __all__ = ["ESTIMATORS", "register_local_reparameterization", "lookup_rule"]
 
 #: The per-example estimators a rule can implement (see ``docs/local-reparameterization.md``):
@@ -10,7 +14,9 @@ __all__ = ["ESTIMATORS", "register_local_reparameterization", "lookup_rule"]
 #: family, N times the weight's memory).
 ESTIMATORS = ("lrt", "flipout", "per_example")
 
-_RULES = {}
+#: ``rule(fn, x, spec) -> pre-activation`` by (estimator, distribution class).
+Rule = Callable[..., torch.Tensor]
+_RULES: dict[tuple[str, type], Rule] = {}
 
 
 def register_local_reparameterization(family, estimator="lrt"):

@@ -211,7 +211,9 @@ def fit(
     return losses
 
 
-_FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
+_FITTED: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> weak set of the guides fitted on it
 
 
 def _warn_if_model_params_are_shared(model, guide, params):
