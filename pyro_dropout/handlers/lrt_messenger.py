@@ -38,6 +38,8 @@ import copy
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from typing import TypeVar, overload
 
 import pyro
 import torch
@@ -61,6 +63,8 @@ from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
+
+_T = TypeVar("_T")
 
 __all__ = [
     "LocalReparameterizationMessenger",
@@ -487,7 +491,17 @@ def _reuse_message(name, found_late):
     return message + " Pass strict=True to make this an error."
 
 
-def local_reparameterization(fn=None, *, estimator="auto", strict=False):
+@overload
+def local_reparameterization(
+    fn: None = None, *, estimator: str = "auto", strict: bool = False
+) -> LocalReparameterizationMessenger: ...
+@overload
+def local_reparameterization(
+    fn: Callable[..., _T], *, estimator: str = "auto", strict: bool = False
+) -> Callable[..., _T]: ...
+def local_reparameterization(
+    fn: Callable[..., _T] | None = None, *, estimator: str = "auto", strict: bool = False
+) -> LocalReparameterizationMessenger | Callable[..., _T]:
     """Sample pre-activations instead of weights wherever a guided weight meets a linear or
     convolution operation (Kingma et al. 2015): in the library's layers, in
     ``PyroModule[nn.Linear]`` / ``PyroModule[nn.Conv1d/2d]``, and in functional models
@@ -523,7 +537,13 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     return msngr(fn) if fn is not None else msngr
 
 
-def weight_draws(fn=None):
+@overload
+def weight_draws(fn: None = None) -> LocalReparameterizationMessenger: ...
+@overload
+def weight_draws(fn: Callable[..., _T]) -> Callable[..., _T]: ...
+def weight_draws(
+    fn: Callable[..., _T] | None = None,
+) -> LocalReparameterizationMessenger | Callable[..., _T]:
     """Use the drawn weights (no local reparameterisation), even inside an enclosing
     :func:`local_reparameterization` block; linear and convolution operations on guided
     weights broadcast over the weights' sample dimensions (so ``PyroModule[nn.Linear]``

@@ -173,7 +173,7 @@ def _lrt_concrete_masked_normal(fn, x, spec):
 
 
 #: Exact jointly over a convolution's positions: "auto" prefers it to Flipout there.
-_lrt_concrete_masked_normal.exact_for_conv = True
+_lrt_concrete_masked_normal.exact_for_conv = True  # type: ignore[attr-defined]
 
 
 # -- Flipout (Wen et al. 2018) ----------------------------------------------------------------

@@ -19,7 +19,9 @@ Rule = Callable[..., torch.Tensor]
 _RULES: dict[tuple[str, type], Rule] = {}
 
 
-def register_local_reparameterization(family, estimator="lrt"):
+def register_local_reparameterization(
+    family: type, estimator: str = "lrt"
+) -> Callable[[Rule], Rule]:
     """Register a pre-activation sampler for a weight distribution family.
 
     The decorated function is called as ``rule(fn, x, spec)`` with the guide distribution
@@ -48,7 +50,7 @@ def register_local_reparameterization(family, estimator="lrt"):
     return decorator
 
 
-def lookup_rule(fn, estimator="lrt"):
+def lookup_rule(fn: object, estimator: str = "lrt") -> Rule | None:
     """The rule registered for ``estimator`` and the most specific class of ``fn``, or None."""
     for cls in type(fn).__mro__:
         rule = _RULES.get((estimator, cls))
