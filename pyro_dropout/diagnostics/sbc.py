@@ -104,7 +104,9 @@ class ConjugateLinearRegression:
         [0.8, -0.8]
     """
 
-    def __init__(self, num_features: int, prior_scale: float = 1.0, noise_scale: float = 0.5):
+    def __init__(
+        self, num_features: int, prior_scale: float = 1.0, noise_scale: float = 0.5
+    ) -> None:
         self.num_features = int(num_features)
         self.prior_scale = float(prior_scale)
         self.noise_scale = float(noise_scale)
@@ -143,7 +145,9 @@ class ExactPosteriorGuide:
         'exact_posterior_x0.3'
     """
 
-    def __init__(self, model: ConjugateLinearRegression, scale: float = 1.0, shift: float = 0.0):
+    def __init__(
+        self, model: ConjugateLinearRegression, scale: float = 1.0, shift: float = 0.0
+    ) -> None:
         self.model = model
         self.scale, self.shift = float(scale), float(shift)
         self.family = "exact_posterior"

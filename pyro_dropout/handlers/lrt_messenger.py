@@ -169,7 +169,7 @@ class LocalReparameterizationMessenger(Messenger):
         self.widest_output = 0
 
     @property
-    def jit_key(self):
+    def jit_key(self) -> tuple[type, str, frozenset]:
         """What a compiled loss depends on (see :class:`~pyro_dropout.infer.JitMeanFieldELBO`)."""
         return (type(self), self.estimator, frozenset(self._learned_reuse))
 

@@ -63,7 +63,7 @@ class GaussianLikelihood(PyroModule):
             return torch.tensor(self.tau**-0.5, dtype=like.dtype, device=like.device)
         return self.noise_scale
 
-    def precision(self):
+    def precision(self) -> float:
         """The fixed noise precision τ as a float (``tau`` models only)."""
         if self.tau is None:
             raise AttributeError(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 import torch
-from pyro.distributions import Gamma, Normal
+from pyro.distributions import Gamma, Normal, TorchDistribution
 from torch.distributions import Distribution
 
 from ..distributions.empirical_bayes import EmpiricalBayesScale
@@ -193,8 +193,8 @@ def make_prior(prior, shape, device=None, dtype=None):
 #: (:class:`LearnedPrior`, :class:`HyperPrior`, or their names ``"learned"`` and ``"hyper"``).
 PriorSpec: TypeAlias = (
     float
-    | Distribution
-    | Callable[[torch.Size], Distribution]
+    | TorchDistribution
+    | Callable[[torch.Size], TorchDistribution]
     | LearnedPrior
     | HyperPrior
     | Literal["learned", "hyper"]
