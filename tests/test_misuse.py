@@ -165,15 +165,24 @@ def _reference(**kw):
 
 
 def _module(model=None, **kw):
-    lightning_module = pytest.importorskip("pyro_dropout.lightning")
+    # lightning first: importorskip skips on a missing module only, and pyro_dropout.lightning
+    # raises an ImportError of its own (with the install line) when lightning is missing
+    pytest.importorskip(
+        "lightning", reason="needs the lightning extra: pip install -e '.[lightning]'"
+    )
+    import pyro_dropout.lightning as lightning_module
+
     model = model if model is not None else _mlp()
     guide = kw.pop("guide", None) or AutoDropout(_mlp())
     return lightning_module.BayesianModule(model, guide, **kw)
 
 
 def _trainer_nan_row():
-    lightning = pytest.importorskip("lightning")
-    lm = pytest.importorskip("pyro_dropout.lightning")
+    lightning = pytest.importorskip(
+        "lightning", reason="needs the lightning extra: pip install -e '.[lightning]'"
+    )
+    import pyro_dropout.lightning as lm
+
     loader = _loader(row=200)
     model = _mlp()
     module = lm.BayesianModule(model, AutoDropout(model), example=next(iter(loader)), seed=0)

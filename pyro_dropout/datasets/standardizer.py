@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from typing import Literal, Self, TypeVar
 
 import numpy as np
 import torch
@@ -109,7 +109,7 @@ class Standardizer:
             raise ValueError(f"y_std must be finite and positive, got {y_std}")
 
     @classmethod
-    def fit(cls, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor | None = None):
+    def fit(cls, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor | None = None) -> Self:
         """Fit the statistics on training rows.
 
         Args:

@@ -512,7 +512,7 @@ def plot_predictive_check(
     if not IS_ARVIZ_1:
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))
-        args = {"y": var_name} if kind == "loo_pit" else {"var_names": [var_name]}
+        args: dict[str, Any] = {"y": var_name} if kind == "loo_pit" else {"var_names": [var_name]}
         if kind == "loo_pit" and get_group(obj, "posterior_predictive")[var_name].ndim > 3:
             obj, args = None, _loo_pit_arrays(obj, var_name)
         if kind == "ppc":

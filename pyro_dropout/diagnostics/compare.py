@@ -97,7 +97,7 @@ def _fit_objects(fits: Any) -> list:
     """The models and guides of ``(model, guide)`` pairs and ensembles (for their modules)."""
     if not isinstance(fits, Mapping):
         return []
-    out = []
+    out: list[Any] = []
     for fit in fits.values():
         for pair in fit if isinstance(fit, list) else [fit]:
             if isinstance(pair, tuple):
@@ -327,7 +327,8 @@ def compare(
             parallel=parallel,
             prior=prior,
         )
-        ref_cols, ref_note, ref_unconverged = ({}, None, False)
+        ref_cols: dict[str, Any] = {}
+        ref_note, ref_unconverged = None, False
         if reference is not None:
             ref_cols, ref_note, ref_unconverged = _reference_info(reference, reference_intervals)
 
@@ -377,6 +378,7 @@ def compare(
                 ),
             ]
         if not loos:  # every fit failed: nothing to compare, the first error is the answer
+            assert first_error is not None  # a fit either added a row or recorded its error
             raise first_error
         for name, reason in errors.items():
             warnings.warn(

@@ -12,7 +12,7 @@ for MCMC draws and ensembles).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import xarray as xr
@@ -33,7 +33,7 @@ def guide_info(guide: Any) -> tuple[str, dict]:
         >>> guide_info(AutoNormal(lambda: None))
         ('AutoNormal', {})
     """
-    family = getattr(guide, "family", None)
+    family: Any = getattr(guide, "family", None)  # any attribute a guide may carry
     if not isinstance(family, str) or not family:
         family = type(guide).__name__
         if family == "function":
@@ -136,7 +136,10 @@ def build_groups(
     groups = {
         "posterior": _dataset(post, coords, s, attrs),
         "posterior_predictive": _dataset(_predictive_vars(draws.train, obs_name, obs_dims), {}, s),
-        "log_likelihood": _dataset({obs_name: ([row], draws.train.log_lik)}, {}, s),
+        # draw_posterior was given y here, so the training rows have their log-likelihood
+        "log_likelihood": _dataset(
+            {obs_name: ([row], cast(np.ndarray, draws.train.log_lik))}, {}, s
+        ),
         "sample_stats": _dataset({"lp": ([], draws.log_joint), "lq": ([], draws.log_q)}, {}, s),
         "observed_data": _dataset({obs_name: ([row, *obs_dims], y_np)}, {}, None),
         "constant_data": _dataset(_x_vars(x_np, obs_name), {}, None),

@@ -314,7 +314,7 @@ def predictive_convergence(data: Any, group: str | None = None) -> pd.DataFrame:
         raise ValueError("function-space R-hat needs at least two chains")
     rhat, bulk, tail = compat.rhat_ess(da)
     index = pd.MultiIndex.from_product(
-        [range(n) for n in da.shape[2:]] or [[0]],
+        [range(n) for n in da.shape[2:]] or [range(1)],
         names=list(da.dims[2:]) or ["point"],
     )
     return pd.DataFrame(
@@ -513,7 +513,7 @@ def reference_posterior(
         )
         if num_chains >= 2:
             conv = predictive_convergence(data)
-            fn = {
+            fn: dict[str, float | str] = {
                 "fn_rhat_max": float(conv["rhat"].max()),
                 "fn_ess_bulk_min": float(conv["ess_bulk"].min()),
                 "fn_ess_tail_min": float(conv["ess_tail"].min()),
@@ -527,7 +527,7 @@ def reference_posterior(
             fn["fn_ess_tail_min"] = float("nan")
             fn["fn_convergence_variable"] = "undefined: one chain"
         compat.update_root_attrs(data, fn)
-        if not fn["fn_rhat_max"] <= rhat_threshold:
+        if not float(fn["fn_rhat_max"]) <= rhat_threshold:
             reason = (
                 "one chain: R-hat is undefined, run num_chains >= 2"
                 if num_chains < 2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyro
@@ -273,12 +273,12 @@ def samples_inference_data(
 
 
 def _concat(parts: Sequence[np.ndarray | None]) -> np.ndarray | None:
-    return None if parts[0] is None else np.concatenate(parts, axis=0)
+    return None if parts[0] is None else np.concatenate(cast(Sequence[np.ndarray], parts), axis=0)
 
 
 def _concat_predictive(parts: Sequence[PredictiveDraws]) -> PredictiveDraws:
     return PredictiveDraws(
-        y_rep=_concat([p.y_rep for p in parts]),
+        y_rep=np.concatenate([p.y_rep for p in parts], axis=0),
         log_lik=_concat([p.log_lik for p in parts]),
         mean=_concat([p.mean for p in parts]),
         probs=_concat([p.probs for p in parts]),
@@ -386,7 +386,9 @@ def ensemble_inference_data(
         log_joint=np.concatenate([p.log_joint for p in parts]),
         log_q=np.full(int(num_samples), np.nan),
         task=parts[0].task,
-        test=None if parts[0].test is None else _concat_predictive([p.test for p in parts]),
+        test=None
+        if parts[0].test is None
+        else _concat_predictive(cast(list[PredictiveDraws], [p.test for p in parts])),
         latent_names=parts[0].latent_names,
         obs_name=parts[0].obs_name,
         improper_prior_sites=parts[0].improper_prior_sites,

@@ -166,7 +166,7 @@ def draw_posterior(
             finite=y_test is not None,
         )
     det = _deterministic_sites(model, guide, x, y) if var_names is not None else []
-    datasets = [((x, y), {})]
+    datasets: list[tuple[tuple[Any, ...], dict[str, Any]]] = [((x, y), {})]
     if x_test is not None:
         datasets.append(((x_test,) if y_test is None else (x_test, y_test), {}))
     run = run_draws(

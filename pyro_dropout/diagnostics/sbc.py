@@ -104,7 +104,9 @@ class ConjugateLinearRegression:
         [0.8, -0.8]
     """
 
-    def __init__(self, num_features: int, prior_scale: float = 1.0, noise_scale: float = 0.5):
+    def __init__(
+        self, num_features: int, prior_scale: float = 1.0, noise_scale: float = 0.5
+    ) -> None:
         self.num_features = int(num_features)
         self.prior_scale = float(prior_scale)
         self.noise_scale = float(noise_scale)
@@ -143,7 +145,9 @@ class ExactPosteriorGuide:
         'exact_posterior_x0.3'
     """
 
-    def __init__(self, model: ConjugateLinearRegression, scale: float = 1.0, shift: float = 0.0):
+    def __init__(
+        self, model: ConjugateLinearRegression, scale: float = 1.0, shift: float = 0.0
+    ) -> None:
         self.model = model
         self.scale, self.shift = float(scale), float(shift)
         self.family = "exact_posterior"
@@ -379,6 +383,7 @@ def _replicate(r: int, spec: _Spec) -> dict[str, Any]:
                 obs_name=spec.obs_name,
             )
         test = d.test
+        assert test is not None  # draw_posterior was given x_test
         f = test.mean if test.mean is not None else test.probs
         if f is None:
             raise ValueError("the fitted guide's predictive has no function values to rank")
@@ -388,7 +393,8 @@ def _replicate(r: int, spec: _Spec) -> dict[str, Any]:
     if spec.folder is not None:
         path = Path(spec.folder) / f"rep_{r:05d}.npz"
         tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **{k.replace("/", "__"): np.asarray(v) for k, v in out.items()})
+        arrays = {k.replace("/", "__"): np.asarray(v) for k, v in out.items()}
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
         os.replace(tmp, path)
     return out
 

@@ -1,6 +1,7 @@
 """The MC-dropout variational family of Gal & Ghahramani (2016) as a Pyro distribution."""
 
 import math
+from typing import Self
 
 import torch
 from pyro.distributions import TorchDistribution
@@ -57,7 +58,14 @@ class BernoulliMaskedNormal(TorchDistribution):
     }
     has_rsample = True
 
-    def __init__(self, loc, scale, dropout_rate, event_dim=None, validate_args=None):
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        scale: torch.Tensor | float,
+        dropout_rate: torch.Tensor | float,
+        event_dim: int | None = None,
+        validate_args: bool | None = None,
+    ) -> None:
         loc = torch.as_tensor(loc)
         if not torch.is_floating_point(loc):
             loc = loc.to(torch.get_default_dtype())
@@ -101,15 +109,15 @@ class BernoulliMaskedNormal(TorchDistribution):
         super().__init__(batch_shape, event_shape, validate_args=validate_args)
 
     @property
-    def mask_shape(self):
+    def mask_shape(self) -> torch.Size:
         """Shape of the Bernoulli mask: ``batch_shape + (1,) + event_shape[1:]``."""
         return self.batch_shape + (1,) + self.event_shape[1:]
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.real, self.event_dim)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         # A native expand keeps the class: Pyro would otherwise wrap us in ExpandedDistribution
         # inside plates and the registered KL would silently stop dispatching.
         new = self._get_checked_instance(BernoulliMaskedNormal, _instance)
@@ -124,24 +132,24 @@ class BernoulliMaskedNormal(TorchDistribution):
         return new
 
     @property
-    def keep_prob(self):
+    def keep_prob(self) -> torch.Tensor:
         return 1.0 - self.dropout_rate
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return self.keep_prob * self.loc
 
     @property
-    def mode(self):
+    def mode(self) -> torch.Tensor:
         # The "on" component's centre is the mode unless the "off" component dominates.
         return torch.where(self.keep_prob >= 0.5, self.loc, torch.zeros_like(self.loc))
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         p = self.dropout_rate
         return p * (1 - p) * self.loc**2 + self.scale**2
 
-    def sample_mask(self, sample_shape=torch.Size()):
+    def sample_mask(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         """Draw the Bernoulli(1 - p) mask, of shape ``sample_shape + mask_shape``."""
         shape = self._extended_shape(sample_shape)[: len(sample_shape) + len(self.batch_shape)]
         shape = shape + (1,) + self.event_shape[1:]
@@ -149,7 +157,7 @@ class BernoulliMaskedNormal(TorchDistribution):
             u = torch.rand(shape, dtype=self.loc.dtype, device=self.loc.device)
             return (u < self.keep_prob).to(self.loc.dtype)
 
-    def rsample(self, sample_shape=torch.Size()):
+    def rsample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         z = self.sample_mask(sample_shape)
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
@@ -164,7 +172,7 @@ class BernoulliMaskedNormal(TorchDistribution):
         off = (log_norm - 0.5 * (value / self.scale) ** 2).sum(out_dim, keepdim=True)
         return on, off
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
         on, off = self._column_log_probs(value)
@@ -173,7 +181,7 @@ class BernoulliMaskedNormal(TorchDistribution):
         # Sum the per-column mixture densities over all event dims (the output dim is size 1).
         return log_mix.sum(tuple(range(-self.event_dim, 0)))
 
-    def entropy(self):
+    def entropy(self) -> torch.Tensor:
         raise NotImplementedError(
             "BernoulliMaskedNormal has no closed-form entropy; use log_prob on samples"
         )

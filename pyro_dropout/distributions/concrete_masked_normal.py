@@ -2,6 +2,7 @@ r"""Concrete dropout's variational family: Bernoulli-masked weights whose drop r
 through a Concrete (relaxed Bernoulli) mask."""
 
 import math
+from typing import Any, Self
 
 import torch
 from torch.distributions import Distribution, constraints
@@ -134,14 +135,14 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
 
     def __init__(
         self,
-        loc,
-        scale,
-        dropout_rate,
-        temperature=0.1,
-        relaxed=True,
-        event_dim=None,
-        validate_args=None,
-    ):
+        loc: torch.Tensor,
+        scale: torch.Tensor | float,
+        dropout_rate: torch.Tensor | float,
+        temperature: torch.Tensor | float = 0.1,
+        relaxed: bool = True,
+        event_dim: int | None = None,
+        validate_args: bool | None = None,
+    ) -> None:
         loc = torch.as_tensor(loc)
         if event_dim is None:
             event_dim = loc.dim()
@@ -189,13 +190,20 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
 
     #: The mean weight :math:`\mathbb E W = (1-p)M` where the family was built by
     #: :meth:`from_mean` (``batch_shape + event_shape``), else ``None``.
-    mean_weight = None
-    _loc = None
+    mean_weight: torch.Tensor | None = None
+    _loc: torch.Tensor | None = None
 
     @classmethod
     def from_mean(
-        cls, mean, scale, dropout_rate, temperature=0.1, relaxed=True, event_dim=None, **kwargs
-    ):
+        cls,
+        mean: torch.Tensor,
+        scale: torch.Tensor | float,
+        dropout_rate: torch.Tensor | float,
+        temperature: torch.Tensor | float = 0.1,
+        relaxed: bool = True,
+        event_dim: int | None = None,
+        **kwargs: Any,
+    ) -> Self:
         r"""The family whose *mean* weight is ``mean``: :math:`M = \text{mean} / (1-p)`, the
         parameterisation of inverted dropout (Gal, Hron & Kendall's reference code's
         :math:`W'`; :class:`~pyro_dropout.AutoConcreteDropout`'s ``locs``).
@@ -224,27 +232,27 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         return new
 
     @property
-    def loc(self):
+    def loc(self) -> torch.Tensor:
         """:math:`M`, the weight when kept (for a family built by :meth:`from_mean`,
         ``mean_weight / (1 - p)``, computed when first read)."""
         if self._loc is None and self.mean_weight is not None:
             self._loc = self.mean_weight / (1 - self.dropout_rate)
-        return self._loc
+        return self._loc  # type: ignore[return-value]  # set by __init__ or from_mean
 
     @loc.setter
-    def loc(self, value):
+    def loc(self, value: torch.Tensor) -> None:
         self._loc = value
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return super().mean if self.mean_weight is None else self.mean_weight
 
     @property
-    def mask_shape(self):
+    def mask_shape(self) -> torch.Size:
         """``batch_shape + (1, in) + (1,) * (event_dim - 2)``: one mask per input unit/channel."""
         return self.batch_shape + (1, self.event_shape[1]) + (1,) * (len(self.event_shape) - 2)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         new = self._get_checked_instance(ConcreteMaskedNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         new.mean_weight = None
@@ -270,13 +278,13 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     def _mask_shape(self, sample_shape):
         return torch.Size(sample_shape) + self.mask_shape
 
-    def sample_mask(self, sample_shape=torch.Size()):
+    def sample_mask(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         """A hard Bernoulli(1 - p) keep mask of shape ``sample_shape + mask_shape``."""
         with torch.no_grad():
             rate = self.dropout_rate.detach()
             return concrete_keep_mask(rate, self.temperature, self._mask_shape(sample_shape), False)
 
-    def rsample(self, sample_shape=torch.Size()):
+    def rsample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         if self.relaxed:
             z = concrete_keep_mask(
@@ -287,7 +295,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
         return z * self.loc + self.scale * eps
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         # A draw from q itself: hard masks, whatever ``relaxed`` says.
         with torch.no_grad():
             shape = self._extended_shape(sample_shape)
@@ -299,7 +307,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         """Event dims along which one mask value is shared: the output dim and the kernel dims."""
         return (-self.event_dim,) + tuple(range(-self.event_dim + 2, 0))
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         r"""Exact log density of the hard family :math:`q`: per input unit :math:`c` (all
         weights sharing its mask), :math:`\log[(1-p_c)\mathcal N(w_c; m_c, \sigma_c^2) +
         p_c\mathcal N(w_c; 0, \sigma_c^2)]`, summed over units. Not the density of a relaxed

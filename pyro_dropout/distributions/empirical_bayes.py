@@ -1,5 +1,8 @@
 r"""The flat prior of a prior scale that is fitted to the data (empirical Bayes)."""
 
+from collections.abc import Iterable
+from typing import Self
+
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
@@ -33,20 +36,20 @@ class EmpiricalBayesScale(TorchDistribution):
     :param float init_scale: the value of :meth:`sample` (and of the guides' first prototype run).
     """
 
-    arg_constraints = {}
+    arg_constraints: dict[str, constraints.Constraint] = {}
     has_rsample = False
 
     def __init__(
         self,
-        weight_site,
-        reduce_dims,
-        event_shape=torch.Size(),
-        batch_shape=torch.Size(),
-        init_scale=1.0,
-        dtype=None,
-        device=None,
-        validate_args=None,
-    ):
+        weight_site: str,
+        reduce_dims: Iterable[int],
+        event_shape: tuple[int, ...] = torch.Size(),
+        batch_shape: tuple[int, ...] = torch.Size(),
+        init_scale: float = 1.0,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        validate_args: bool | None = None,
+    ) -> None:
         self.weight_site = str(weight_site)
         self.reduce_dims = tuple(int(d) for d in reduce_dims)
         self.init_scale = float(init_scale)
@@ -57,10 +60,10 @@ class EmpiricalBayesScale(TorchDistribution):
         )
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.positive, len(self.event_shape))
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         new = self._get_checked_instance(EmpiricalBayesScale, _instance)
         new.weight_site, new.reduce_dims, new.init_scale = (
             self.weight_site,
@@ -74,19 +77,19 @@ class EmpiricalBayesScale(TorchDistribution):
         new._validate_args = self._validate_args
         return new
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         value = torch.as_tensor(value)
         shape = value.shape[: value.dim() - len(self.event_shape)]
         return value.new_zeros(torch.broadcast_shapes(shape, self.batch_shape))
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         return torch.full(shape, self.init_scale, dtype=self._dtype, device=self._device)
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return torch.full(self.batch_shape + self.event_shape, self.init_scale, dtype=self._dtype)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return torch.zeros(self.batch_shape + self.event_shape, dtype=self._dtype)

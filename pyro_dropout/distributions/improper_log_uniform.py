@@ -1,5 +1,7 @@
 """The scale-invariant log-uniform prior of variational dropout."""
 
+from typing import Self
+
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
@@ -28,17 +30,19 @@ class ImproperLogUniform(TorchDistribution):
         to match a weight tensor).
     """
 
-    arg_constraints = {}
+    arg_constraints: dict[str, constraints.Constraint] = {}
     support = constraints.real
     has_rsample = False
     #: Its density does not integrate to one (nor to anything finite): code that needs a
     #: normalised prior (e.g. the VI k-hat of an export) checks this flag.
     improper = True
 
-    def __init__(self, batch_shape=torch.Size(), validate_args=None):
+    def __init__(
+        self, batch_shape: tuple[int, ...] = torch.Size(), validate_args: bool | None = None
+    ) -> None:
         super().__init__(torch.Size(batch_shape), torch.Size(), validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         # Native expand: keeps the class so the registered KL still dispatches inside plates.
         new = self._get_checked_instance(ImproperLogUniform, _instance)
         super(ImproperLogUniform, new).__init__(
@@ -47,7 +51,7 @@ class ImproperLogUniform(TorchDistribution):
         new._validate_args = self._validate_args
         return new
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
         value = torch.as_tensor(value)
@@ -57,7 +61,7 @@ class ImproperLogUniform(TorchDistribution):
             torch.broadcast_shapes(value.shape, self.batch_shape)
         )
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         raise NotImplementedError(
             "ImproperLogUniform is an improper prior and cannot be sampled. Use it as the prior "
             "of a Bayesian layer and fit a guide (AutoMeanField or AutoVariationalDropout); to "
@@ -67,9 +71,9 @@ class ImproperLogUniform(TorchDistribution):
     rsample = sample
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return torch.full(self.batch_shape, float("nan"))
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return torch.full(self.batch_shape, float("nan"))

@@ -24,7 +24,7 @@ class VectorWeight(TorchDistribution):
         ``BernoulliMaskedNormal(loc[..., None, :], scale, rate, event_dim=2)``).
     """
 
-    arg_constraints = {}
+    arg_constraints: dict[str, constraints.Constraint] = {}
 
     def __init__(self, layer, validate_args=None):
         if len(layer.event_shape) != 2 or layer.event_shape[0] != 1:

@@ -2,7 +2,9 @@
 distribution is built from its parameters."""
 
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -13,7 +15,7 @@ from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to
+from torch.distributions import Distribution, biject_to
 
 from ..distributions.empirical_bayes import EmpiricalBayesScale
 from ..handlers.weight_uses import WeightUses
@@ -55,9 +57,15 @@ class AutoWeightGuide(AutoGuide):
         deterministic network.
     """
 
-    family = None
+    family: str | None = None
 
-    def __init__(self, model, *, init_loc_fn=init_to_fan_in, create_plates=None):
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        *,
+        init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
+        create_plates: Callable[..., Any] | None = None,
+    ) -> None:
         self.init_loc_fn = init_loc_fn
         self._init_device = None
         # Armed during the set-up run only: records which sites the model consumes as weights
@@ -89,7 +97,7 @@ class AutoWeightGuide(AutoGuide):
         raise NotImplementedError
 
     @property
-    def config(self):
+    def config(self) -> dict[str, Any]:
         """JSON-serialisable settings of this guide (recorded in ArviZ exports)."""
         return {}
 
@@ -117,7 +125,7 @@ class AutoWeightGuide(AutoGuide):
                 delattr(self, group)
 
     #: Attribute names of the PyroModules that hold per-site parameters.
-    _PARAM_GROUPS = ("locs", "scales", "log_sigma2", "log_alphas")
+    _PARAM_GROUPS: tuple[str, ...] = ("locs", "scales", "log_sigma2", "log_alphas")
 
     def _build_from_prototype(self, *args, **kwargs):
         tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
@@ -230,14 +238,14 @@ class AutoWeightGuide(AutoGuide):
         scale = second.reshape(lead + group).clamp_min(torch.finfo(second.dtype).tiny).sqrt()
         return dist.Delta(scale, event_dim=len(eb.event_shape))
 
-    def get_distributions(self):
+    def get_distributions(self) -> dict[str, Distribution]:
         """The variational distribution of every latent site, as emitted at the site."""
         return {
             name: self._site_dist(name, site)
             for name, site in self.prototype_trace.iter_stochastic_nodes()
         }
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Sample every latent site from its variational distribution; returns ``{name: value}``."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
@@ -260,7 +268,7 @@ class AutoWeightGuide(AutoGuide):
         return {"weight_uses": uses} if uses > 1 else {}
 
     @torch.no_grad()
-    def median(self, *args, **kwargs):
+    def median(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Posterior means of the weights (``E_q[w]``; for dropout, ``(1-p) M``: the weights of
         standard dropout's "weight averaging" at test time)."""
         return {name: self._mean(name, site) for name, site in self._sites(*args, **kwargs)}
@@ -281,12 +289,12 @@ class AutoWeightGuide(AutoGuide):
             self._setup_prototype(*args, **kwargs)
         return list(self.prototype_trace.iter_stochastic_nodes())
 
-    def describe(self):
+    def describe(self) -> dict[str, str | None]:
         """``{"family": ..., "config": ...}`` with ``config`` as a JSON string."""
         return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
 
 
-_INSTANCES = {}
+_INSTANCES: dict[str, int] = {}
 
 
 def _instance_name(name):

@@ -1,5 +1,8 @@
 """Concrete dropout: MC dropout with drop rates learned by gradient (Gal, Hron & Kendall 2017)."""
 
+from collections.abc import Callable
+from typing import Any, Literal
+
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
@@ -78,15 +81,15 @@ class AutoConcreteDropout(AutoWeightGuide):
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         *,
-        init_rate=0.1,
-        temperature=0.1,
-        rate_per="layer",
-        scale=0.01,
-        init_loc_fn=init_to_fan_in,
-        create_plates=None,
-    ):
+        init_rate: float = 0.1,
+        temperature: float = 0.1,
+        rate_per: Literal["layer", "unit"] = "layer",
+        scale: float = 0.01,
+        init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
+        create_plates: Callable[..., Any] | None = None,
+    ) -> None:
         if not _is_number(init_rate) or not 0 < float(init_rate) < 1:
             raise ValueError(f"init_rate must be a drop probability in (0, 1), got {init_rate!r}")
         if not _is_number(temperature) or not float(temperature) > 0:
@@ -102,7 +105,7 @@ class AutoConcreteDropout(AutoWeightGuide):
         self.scale = float(scale)
 
     @property
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {
             "init_rate": self.init_rate,
             "temperature": self.temperature,
@@ -111,12 +114,12 @@ class AutoConcreteDropout(AutoWeightGuide):
         }
 
     @property
-    def relaxed(self):
+    def relaxed(self) -> bool:
         """Whether the guide now emits relaxed masks (training with gradients on)."""
         return self.training and torch.is_grad_enabled()
 
     @property
-    def jit_key(self):
+    def jit_key(self) -> tuple[str, bool]:
         """What a compiled loss depends on: the mask kind is baked into a traced graph."""
         return ("relaxed", self.relaxed)
 
@@ -168,7 +171,7 @@ class AutoConcreteDropout(AutoWeightGuide):
         return dist.Normal(mean, scale.expand(mean.shape)).to_event(event)
 
     @torch.no_grad()
-    def dropout_rates(self, *args, **kwargs):
+    def dropout_rates(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """The learned drop rate of every weight site: ``{name: p}``, with ``p`` of shape
         ``batch_shape`` (``rate_per="layer"``; a 0-d tensor outside plates) or
         ``batch_shape + (in,)`` (``"unit"``: one per input unit or channel)."""

@@ -1,6 +1,7 @@
 """MC dropout as Bernoulli variational inference (Gal & Ghahramani 2016)."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -53,14 +54,14 @@ class AutoDropout(AutoWeightGuide):
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         *,
-        dropout_rate=0.1,
-        scale=0.01,
-        learn_scale=False,
-        init_loc_fn=init_to_fan_in,
-        create_plates=None,
-    ):
+        dropout_rate: float | Mapping[str, float] | torch.Tensor = 0.1,
+        scale: float = 0.01,
+        learn_scale: bool = False,
+        init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
+        create_plates: Callable[..., Any] | None = None,
+    ) -> None:
         if torch.is_tensor(dropout_rate) and dropout_rate.numel() > 1:
             # A tensor of rates broadcast to each weight site's mask shape
             # (batch_shape + (1,) + event_shape[1:]), e.g. one rate per member of a plate.
@@ -82,7 +83,7 @@ class AutoDropout(AutoWeightGuide):
         self.learn_scale = bool(learn_scale)
 
     @property
-    def config(self):
+    def config(self) -> dict[str, Any]:
         rate = self.dropout_rate
         return {
             "dropout_rate": rate.tolist() if torch.is_tensor(rate) else rate,

@@ -1,6 +1,7 @@
 """Initial posterior means for the weight guides."""
 
 import math
+from collections.abc import Callable
 
 import torch
 from pyro.infer.autoguide.initialization import init_to_feasible
@@ -39,7 +40,7 @@ def _uniform_weights(site, bound):
     return torch.zeros(value_shape, dtype=dtype)
 
 
-def init_to_fan_in(site):
+def init_to_fan_in(site: dict) -> torch.Tensor:
     """Random fan-in scaled means: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights (sites
     with at least 2 event dims, first one = outputs, as PyTorch's Linear/Conv default), zeros for
     other real sites (biases), Pyro's ``init_to_feasible`` for constrained sites.
@@ -50,7 +51,7 @@ def init_to_fan_in(site):
     return _uniform_weights(site, lambda fan_in, fan_out: 1.0 / math.sqrt(fan_in))
 
 
-def init_to_glorot(site):
+def init_to_glorot(site: dict) -> torch.Tensor:
     """Glorot-uniform means ``U(±sqrt(6 / (fan_in + fan_out)))`` (Keras' default), zero biases.
 
     For :class:`~pyro_dropout.AutoDropout` these are posterior means, so the guide stores
@@ -59,7 +60,9 @@ def init_to_glorot(site):
     return _uniform_weights(site, lambda fan_in, fan_out: math.sqrt(6.0 / (fan_in + fan_out)))
 
 
-def init_to_module(module, fallback=None):
+def init_to_module(
+    module: torch.nn.Module, fallback: Callable[[dict], torch.Tensor] | None = None
+) -> Callable[[dict], torch.Tensor]:
     """Initialise posterior means from a trained deterministic ``torch.nn.Module``.
 
     A site is matched to the parameter whose name equals the site name or is its suffix after a

@@ -1,5 +1,8 @@
 """Bayes by Backprop: a mean-field Gaussian guide."""
 
+from collections.abc import Callable
+from typing import Any
+
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
@@ -31,14 +34,21 @@ class AutoMeanField(AutoWeightGuide):
 
     family = "mean_field"
 
-    def __init__(self, model, *, init_scale=0.01, init_loc_fn=init_to_fan_in, create_plates=None):
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        *,
+        init_scale: float = 0.01,
+        init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
+        create_plates: Callable[..., Any] | None = None,
+    ) -> None:
         if not is_positive(init_scale):
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.init_scale = float(init_scale)
         super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
 
     @property
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {"init_scale": self.init_scale}
 
     def _init_real_site(self, name, site, init_mean):

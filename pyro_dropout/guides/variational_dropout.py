@@ -1,6 +1,8 @@
 """Variational dropout with learned α (Kingma et al. 2015; sparse VD, Molchanov et al. 2017)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import pyro.distributions as dist
 import torch
@@ -80,14 +82,14 @@ class AutoVariationalDropout(AutoWeightGuide):
 
     def __init__(
         self,
-        model,
+        model: Callable[..., Any],
         *,
-        alpha="weight",
-        init_log_alpha=-6.0,
-        init_scale=0.01,
-        init_loc_fn=init_to_fan_in,
-        create_plates=None,
-    ):
+        alpha: Literal["weight", "unit", "layer"] = "weight",
+        init_log_alpha: float = -6.0,
+        init_scale: float = 0.01,
+        init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
+        create_plates: Callable[..., Any] | None = None,
+    ) -> None:
         if alpha not in ("weight", "unit", "layer"):
             raise ValueError(f"alpha must be 'weight', 'unit' or 'layer', got {alpha!r}")
         lo, hi = LOG_ALPHA_CLIP
@@ -101,7 +103,7 @@ class AutoVariationalDropout(AutoWeightGuide):
         super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
 
     @property
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {
             "alpha": self.alpha,
             "init_log_alpha": self.init_log_alpha,
@@ -135,7 +137,7 @@ class AutoVariationalDropout(AutoWeightGuide):
             )
             self._set("log_alphas", name, PyroParam(log_alpha, constraints.real, n))
 
-    def log_alpha(self, name):
+    def log_alpha(self, name: str) -> torch.Tensor:
         """log α of weight site ``name``, broadcast to the weight's shape: ``log σ² − log θ²``
         for ``alpha="weight"`` (θ² floored at the dtype's tiny, the floor
         :class:`~pyro_dropout.distributions.LogAlphaNormal` uses, so its variance is exactly
@@ -158,7 +160,7 @@ class AutoVariationalDropout(AutoWeightGuide):
         return LogAlphaNormal(loc, self.log_alpha(name)).to_event(event_dim)
 
     @torch.no_grad()
-    def sparsity(self, threshold=3.0):
+    def sparsity(self, threshold: float = 3.0) -> SparsityReport:
         """Fraction of weights with log α > ``threshold`` (prunable) and keep-masks per site."""
         if self.prototype_trace is None:
             raise RuntimeError("AutoVariationalDropout.sparsity: fit or call the guide first")

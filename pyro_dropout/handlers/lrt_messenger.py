@@ -50,6 +50,8 @@ import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from typing import TypeVar, overload
 
 import pyro
 import torch
@@ -75,6 +77,8 @@ from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, _per_example_shape, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
+
+_T = TypeVar("_T")
 
 __all__ = [
     "LocalReparameterizationMessenger",
@@ -181,7 +185,7 @@ class LocalReparameterizationMessenger(Messenger):
         self.widest_output = 0
 
     @property
-    def jit_key(self):
+    def jit_key(self) -> tuple[type, str, frozenset]:
         """What a compiled loss depends on (see :class:`~pyro_dropout.infer.JitMeanFieldELBO`)."""
         return (type(self), self.estimator, frozenset(self._learned_reuse))
 
@@ -474,8 +478,8 @@ class LocalReparameterizationMessenger(Messenger):
 
 #: Frames in these directories are not the user's code (the warning points past them).
 _INTERNAL_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep
-    for m in (sys.modules[__package__.split(".")[0]], pyro, torch)
+    os.path.dirname(str(m.__file__)) + os.sep
+    for m in (sys.modules[__name__.split(".")[0]], pyro, torch)
 )
 
 
@@ -552,7 +556,17 @@ def _reuse_message(name, found_late):
     return message + " Pass strict=True to make this an error."
 
 
-def local_reparameterization(fn=None, *, estimator="auto", strict=False):
+@overload
+def local_reparameterization(
+    fn: None = None, *, estimator: str = "auto", strict: bool = False
+) -> LocalReparameterizationMessenger: ...
+@overload
+def local_reparameterization(
+    fn: Callable[..., _T], *, estimator: str = "auto", strict: bool = False
+) -> Callable[..., _T]: ...
+def local_reparameterization(
+    fn: Callable[..., _T] | None = None, *, estimator: str = "auto", strict: bool = False
+) -> LocalReparameterizationMessenger | Callable[..., _T]:
     """Sample pre-activations instead of weights wherever a guided weight meets a linear or
     convolution operation (Kingma et al. 2015): in the library's layers, in
     ``PyroModule[nn.Linear]`` / ``PyroModule[nn.Conv1d/2d]``, and in functional models
@@ -589,7 +603,13 @@ def local_reparameterization(fn=None, *, estimator="auto", strict=False):
     return msngr(fn) if fn is not None else msngr
 
 
-def weight_draws(fn=None):
+@overload
+def weight_draws(fn: None = None) -> LocalReparameterizationMessenger: ...
+@overload
+def weight_draws(fn: Callable[..., _T]) -> Callable[..., _T]: ...
+def weight_draws(
+    fn: Callable[..., _T] | None = None,
+) -> LocalReparameterizationMessenger | Callable[..., _T]:
     """Use the drawn weights (no local reparameterisation), even inside an enclosing
     :func:`local_reparameterization` block; linear and convolution operations on guided
     weights broadcast over the weights' sample dimensions (so ``PyroModule[nn.Linear]``

@@ -139,7 +139,7 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
 
 
 #: Exact jointly over the tokens of a Linear layer's input (masks and slab per example).
-_lrt_bernoulli_masked_normal.exact_for_tokens = True
+_lrt_bernoulli_masked_normal.exact_for_tokens = True  # type: ignore[attr-defined]
 
 
 def _concrete_mask_and_weight(fn, rate, shape):
@@ -206,8 +206,8 @@ def _lrt_concrete_masked_normal(fn, x, spec):
 
 #: Exact jointly over a convolution's positions and a Linear input's tokens: "auto" prefers
 #: it to Flipout there.
-_lrt_concrete_masked_normal.exact_for_conv = True
-_lrt_concrete_masked_normal.exact_for_tokens = True
+_lrt_concrete_masked_normal.exact_for_conv = True  # type: ignore[attr-defined]
+_lrt_concrete_masked_normal.exact_for_tokens = True  # type: ignore[attr-defined]
 
 
 # -- Flipout (Wen et al. 2018) ----------------------------------------------------------------

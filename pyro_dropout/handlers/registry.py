@@ -1,5 +1,9 @@
 """Registry of pre-activation samplers, keyed by estimator and weight distribution family."""
 
+from collections.abc import Callable
+
+import torch
+
 __all__ = ["ESTIMATORS", "register_local_reparameterization", "lookup_rule"]
 
 #: The per-example estimators a rule can implement (see ``docs/local-reparameterization.md``):
@@ -10,10 +14,14 @@ __all__ = ["ESTIMATORS", "register_local_reparameterization", "lookup_rule"]
 #: family, N times the weight's memory).
 ESTIMATORS = ("lrt", "flipout", "per_example")
 
-_RULES = {}
+#: ``rule(fn, x, spec) -> pre-activation`` by (estimator, distribution class).
+Rule = Callable[..., torch.Tensor]
+_RULES: dict[tuple[str, type], Rule] = {}
 
 
-def register_local_reparameterization(family, estimator="lrt"):
+def register_local_reparameterization(
+    family: type, estimator: str = "lrt"
+) -> Callable[[Rule], Rule]:
     """Register a pre-activation sampler for a weight distribution family.
 
     The decorated function is called as ``rule(fn, x, spec)`` with the guide distribution
@@ -44,7 +52,7 @@ def register_local_reparameterization(family, estimator="lrt"):
     return decorator
 
 
-def lookup_rule(fn, estimator="lrt"):
+def lookup_rule(fn: object, estimator: str = "lrt") -> Rule | None:
     """The rule registered for ``estimator`` and the most specific class of ``fn``, or None."""
     for cls in type(fn).__mro__:
         rule = _RULES.get((estimator, cls))

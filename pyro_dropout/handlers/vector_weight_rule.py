@@ -31,4 +31,4 @@ def _lrt_vector_weight(fn, x, spec):
 
 
 #: Picks the layer family's rule that is exact on tokens (above).
-_lrt_vector_weight.exact_for_tokens = True
+_lrt_vector_weight.exact_for_tokens = True  # type: ignore[attr-defined]

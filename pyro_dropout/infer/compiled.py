@@ -10,6 +10,8 @@ a step in one graph (``docs/benchmarks/speed.md``).
 import sys
 import warnings
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from pyro.infer.util import torch_item
@@ -102,14 +104,21 @@ class JitMeanFieldELBO(MeanFieldELBO):
     deprecated from torch 2.14 (it still works; its ``FutureWarning`` is silenced here).
     """
 
-    def __init__(self, *args, ignore_jit_warnings=True, jit_options=None, fallback=False, **kwargs):
+    def __init__(
+        self,
+        *args: Any,
+        ignore_jit_warnings: bool = True,
+        jit_options: dict[str, Any] | None = None,
+        fallback: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.ignore_jit_warnings = ignore_jit_warnings
         self.jit_options = jit_options
         self.fallback = fallback
         #: Why this ELBO runs eagerly (``None`` while it compiles).
         self.eager_reason = None
-        self._compiled = {}  # key -> [compiled function, number of calls]
+        self._compiled: dict = {}  # key -> [compiled function, number of calls]
 
     # -- compilation ------------------------------------------------------------------------
     def _key(self, model, guide, args, kwargs, terms):
@@ -217,7 +226,13 @@ class JitMeanFieldELBO(MeanFieldELBO):
                 return out
         return method(self, model, guide, *args, **kwargs)
 
-    def checked_graph(self, model, guide, args, kwargs):
+    def checked_graph(
+        self,
+        model: Callable[..., Any],
+        guide: Callable[..., Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> tuple[torch.Graph, list[str]] | None:
         """``(graph, param_names)`` of this call's compiled loss where its signature has been
         traced and checked (its graph takes the unconstrained values of ``param_names``, then
         ``args``), else ``None`` (not compiled yet, eager, or a signature it cannot compile).
@@ -236,17 +251,25 @@ class JitMeanFieldELBO(MeanFieldELBO):
         return graph, fn._param_names
 
     # -- the ELBO interface -----------------------------------------------------------------
-    def differentiable_loss(self, model, guide, *args, **kwargs):
+    def differentiable_loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         return self._dispatch(model, guide, args, kwargs, terms=False)
 
-    def loss_terms(self, model, guide, *args, **kwargs):
+    def loss_terms(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._dispatch(model, guide, args, kwargs, terms=True)
 
-    def loss(self, model, guide, *args, **kwargs):
+    def loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         with torch.no_grad():
             return torch_item(self.differentiable_loss(model, guide, *args, **kwargs))
 
-    def loss_and_grads(self, model, guide, *args, **kwargs):
+    def loss_and_grads(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> float:
         loss = self.differentiable_loss(model, guide, *args, **kwargs)
         loss.backward()
         loss = torch_item(loss)

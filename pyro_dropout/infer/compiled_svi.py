@@ -12,8 +12,12 @@ tensors read from the param store, and steps the optimiser on exactly the parame
 trace would have collected: the graph's.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import pyro
-from pyro.infer import SVI
+from pyro.infer import ELBO, SVI
+from pyro.optim import PyroOptim
 from pyro.util import warn_if_nan
 
 from .compiled import JitMeanFieldELBO
@@ -41,14 +45,21 @@ class CompiledSVI(SVI):
             svi.step(x, y)
     """
 
-    def __init__(self, model, guide, optim, loss, **kwargs):
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        guide: Callable[..., Any],
+        optim: PyroOptim,
+        loss: ELBO,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, guide, optim, loss, **kwargs)
         fast = isinstance(loss, JitMeanFieldELBO) and isinstance(optim, FusedOptim)
         #: The compiled ELBO whose checked graphs the steps call (``None``: every step is
         #: ``SVI.step``).
         self.compiled_elbo = loss if fast else None
 
-    def step(self, *args, **kwargs):
+    def step(self, *args: Any, **kwargs: Any) -> float:
         if self.compiled_elbo is None:
             return super().step(*args, **kwargs)
         # The key of the graph includes the handlers active at the call: those of SVI.step.

@@ -4,11 +4,14 @@ import contextlib
 import math
 import warnings
 import weakref
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 import pyro
 import torch
 from pyro.infer.util import is_validation_enabled
+from pyro.optim import PyroOptim
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from tqdm import tqdm  # text bar: tqdm.auto warns in Jupyter without ipywidgets
 
@@ -26,29 +29,29 @@ __all__ = ["fit"]
 
 
 def fit(
-    model,
-    guide,
-    x,
-    y=None,
-    num_steps=None,
-    num_epochs=None,
-    batch_size=None,
-    optim=None,
-    lr=1e-3,
-    local_reparameterization=True,
-    estimator="auto",
-    jit="auto",
-    validate="first",
-    num_particles=1,
-    vectorize_particles=False,
-    progress=True,
-    callback=None,
-    seed=None,
-    num_data=None,
-    devices=None,
-    model_args=(),
-    model_kwargs=None,
-):
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    x: torch.Tensor | np.ndarray | Dataset | DataLoader,
+    y: torch.Tensor | np.ndarray | None = None,
+    num_steps: int | None = None,
+    num_epochs: int | None = None,
+    batch_size: int | None = None,
+    optim: PyroOptim | None = None,
+    lr: float = 1e-3,
+    local_reparameterization: bool = True,
+    estimator: str = "auto",
+    jit: bool | Literal["auto"] = "auto",
+    validate: Literal["first", "always", "never"] = "first",
+    num_particles: int = 1,
+    vectorize_particles: bool = False,
+    progress: bool = True,
+    callback: Callable[[int, float], bool | None] | None = None,
+    seed: int | None = None,
+    num_data: int | None = None,
+    devices: int | None = None,
+    model_args: tuple = (),
+    model_kwargs: dict[str, Any] | None = None,
+) -> list[float]:
     r"""Fit ``guide`` to ``model`` on ``(x, y)`` with ``pyro.infer.SVI`` and
     :class:`~pyro_dropout.infer.MeanFieldELBO` (Pyro's ``TraceMeanField_ELBO`` estimator:
     analytic KLs where registered, without computing the log densities those make unused).
@@ -211,7 +214,9 @@ def fit(
     return losses
 
 
-_FITTED = weakref.WeakKeyDictionary()  # model -> weak set of the guides fitted on it
+_FITTED: weakref.WeakKeyDictionary = (
+    weakref.WeakKeyDictionary()
+)  # model -> weak set of the guides fitted on it
 
 
 def _warn_if_model_params_are_shared(model, guide, params):

@@ -11,6 +11,9 @@ and for latent sites without an analytic KL (Monte-Carlo fallback, exactly as Py
 returns the same loss and gradients as ``TraceMeanField_ELBO``.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
@@ -87,14 +90,16 @@ class MeanFieldELBO(TraceMeanField_ELBO):
             _check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
 
-    def differentiable_loss(self, model, guide, *args, **kwargs):
+    def differentiable_loss(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         """The negative ELBO estimate as a differentiable tensor (the value of Pyro's
         ``TraceMeanField_ELBO.differentiable_loss``). Pyro's version returns
         ``loss + (surrogate - surrogate.item())``: a host sync per step, and under a JIT trace the
         ``item()`` is baked into the graph as a constant that changes with every trace (so two
         traces of one path would not compare equal). Every site here is reparameterised, so the
         surrogate is the loss itself."""
-        loss = 0.0
+        loss: float | torch.Tensor = 0.0
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             data, kl = self._elbo_terms_particle(model_trace, guide_trace)
             loss = loss + (kl - data) / self.num_particles
@@ -148,13 +153,16 @@ class MeanFieldELBO(TraceMeanField_ELBO):
                     kl_total = kl_total + entropy.sum()
         return data, kl_total
 
-    def loss_terms(self, model, guide, *args, **kwargs):
+    def loss_terms(
+        self, model: Callable[..., Any], guide: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""``(loss, data, kl)`` as differentiable tensors, each averaged over the particles:
         ``loss = kl - data`` is :meth:`differentiable_loss` (the negative ELBO estimate), ``data``
         the expected log-likelihood term on the full-data scale, ``kl`` the KL term. For
         logging the two parts of the loss without a second pass (e.g.
         :class:`pyro_dropout.lightning.BayesianModule`)."""
-        data = kl = 0.0
+        data: float | torch.Tensor = 0.0
+        kl: float | torch.Tensor = 0.0
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             d, k = self._elbo_terms_particle(model_trace, guide_trace)
             data = data + d / self.num_particles

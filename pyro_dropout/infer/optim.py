@@ -10,6 +10,8 @@ torch's fused kernel (or else its multi-tensor ``foreach`` update) where the opt
 """
 
 import inspect
+from collections.abc import Iterable
+from typing import Any
 
 import pyro
 import torch
@@ -67,7 +69,7 @@ class FusedOptim(PyroOptim):
         self._pending_state = None
         self._plan = None  # AdamPlan: the steady state's update, where it applies
 
-    def __call__(self, params, *args, **kwargs):
+    def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(params)
         plain = not (args or kwargs or self.pt_clip_args)
         plan = self._plan
@@ -118,14 +120,14 @@ class FusedOptim(PyroOptim):
         store = pyro.get_param_store()
         return [_name(store, p) for group in self.optimizer.param_groups for p in group["params"]]
 
-    def get_state(self):
+    def get_state(self) -> dict[str, Any]:
         """``{"param_names": [...], "state_dict": optimizer.state_dict()}`` (names in the
         optimiser's parameter order); empty before the first step."""
         if self.optimizer is None:
             return {}
         return {"param_names": self._names(), "state_dict": self.optimizer.state_dict()}
 
-    def set_state(self, state_dict):
+    def set_state(self, state_dict: dict[str, Any]) -> None:
         """Load a :meth:`get_state` result; applied once the optimiser holds exactly those
         parameters (immediately if it already does)."""
         if state_dict:
@@ -236,7 +238,7 @@ def _clip(p, clip_norm=None, clip_value=None):
         clip_grad_value_(p, clip_value)
 
 
-def fused_adam(optim_args):
+def fused_adam(optim_args: dict[str, Any]) -> FusedOptim:
     """``FusedOptim(torch.optim.Adam, optim_args)``: the counterpart of
     ``pyro.optim.Adam(optim_args)`` with one multi-tensor Adam over all parameters."""
     return FusedOptim(torch.optim.Adam, optim_args)

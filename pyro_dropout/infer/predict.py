@@ -1,8 +1,11 @@
 """Monte-Carlo prediction for any Pyro model: vectorised where the model broadcasts."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
+import numpy as np
 import pyro
 import torch
 
@@ -82,7 +85,7 @@ class Prediction:
         return self.draws.dist()
 
     @property
-    def kind(self):
+    def kind(self) -> str | None:
         """``"classification"`` (a discrete observed site with enumerable support),
         ``"regression"`` (a real-valued one), or None (a count site such as Poisson, a value
         site)."""
@@ -122,7 +125,7 @@ class Prediction:
 
     # -- moments ---------------------------------------------------------------------------
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         """Predictive mean ``E_t[E[y | θ_t]]`` (regression, counts), mean class probabilities
         (classification), or the mean of a value site's draws."""
         if self.draws is None:
@@ -132,19 +135,19 @@ class Prediction:
         return self._moment("mean", "mean").mean(0)
 
     @property
-    def epistemic_variance(self):
+    def epistemic_variance(self) -> torch.Tensor:
         """``Var_t[E(y | θ_t)]``: the variance over the T draws of each draw's mean (model
         uncertainty)."""
         return self._moment("mean", "epistemic_variance").var(0, unbiased=False)
 
     @property
-    def aleatoric_variance(self):
+    def aleatoric_variance(self) -> torch.Tensor:
         """``E_t[Var(y | θ_t)]``: the observation noise, averaged over the draws (for a
         Poisson site the mean rate)."""
         return self._moment("variance", "aleatoric_variance").mean(0)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         """Total predictive variance by the law of total variance: aleatoric + epistemic
         (regression, counts); ``p(1-p)`` per class (classification); the variance of a
         value site's draws."""
@@ -155,7 +158,7 @@ class Prediction:
         return self.epistemic_variance + self.aleatoric_variance
 
     @property
-    def stddev(self):
+    def stddev(self) -> torch.Tensor:
         return self.variance.sqrt()
 
     # -- classification --------------------------------------------------------------------
@@ -165,26 +168,26 @@ class Prediction:
         return d.log_prob(support).movedim(0, -1)  # (T, N, K)
 
     @property
-    def probs(self):
+    def probs(self) -> torch.Tensor:
         """MC-averaged class probabilities, ``(N, classes)``."""
         self._need("classification", "probs")
         return self._class_log_probs().exp().mean(0)
 
     @property
-    def entropy(self):
+    def entropy(self) -> torch.Tensor:
         """Predictive entropy ``H[E_t p_t]`` (total uncertainty), nats."""
         p = self.probs
         return -(torch.xlogy(p, p)).sum(-1)
 
     @property
-    def mutual_information(self):
+    def mutual_information(self) -> torch.Tensor:
         """``H[E_t p_t] − E_t H[p_t]`` (epistemic part; BALD), nats."""
         log_p = self._class_log_probs()
         expected = -(log_p.exp() * log_p).sum(-1).mean(0)
         return self.entropy - expected
 
     # -- scores ----------------------------------------------------------------------------
-    def pointwise_log_likelihood(self, y):
+    def pointwise_log_likelihood(self, y: torch.Tensor | np.ndarray) -> torch.Tensor:
         """``log p(y_i | θ_t)``, shape ``(T, N)``."""
         d0 = self._dist("log_likelihood")
         y = _target_like(y, d0, self.site)
@@ -194,7 +197,7 @@ class Prediction:
             out.append(d.log_prob(y))
         return torch.cat(out, 0)
 
-    def log_likelihood(self, y):
+    def log_likelihood(self, y: torch.Tensor | np.ndarray) -> torch.Tensor:
         r"""Per-point MC predictive log density of ``y``, shape ``(N,)``:
         :math:`\log \frac1T \sum_t p(y_i \mid θ_t)` (for a Gaussian with fixed τ, Gal &
         Ghahramani's test log-likelihood)."""
@@ -230,20 +233,20 @@ def _target_like(y, d, site="obs"):
 
 @torch.no_grad()
 def predict(
-    model,
-    guide,
-    x,
-    num_samples=100,
-    chunk_size=None,
-    local_reparameterization=False,
-    seed=None,
+    model: Callable[..., Any],
+    guide: Callable[..., Any],
+    x: torch.Tensor | np.ndarray,
+    num_samples: int = 100,
+    chunk_size: int | None = None,
+    local_reparameterization: bool = False,
+    seed: int | None = None,
     *,
-    site=None,
-    vectorize="auto",
-    estimator="auto",
-    module_mode="eval",
-    **model_kwargs,
-):
+    site: str | None = None,
+    vectorize: bool | Literal["auto"] = "auto",
+    estimator: str = "auto",
+    module_mode: Literal["eval", "train"] = "eval",
+    **model_kwargs: Any,
+) -> Prediction:
     """Draw ``num_samples`` posterior predictions for inputs ``x`` from any Pyro model.
 
     Runs the guide and replays the model (as ``pyro.infer.Predictive``), in vectorised chunks

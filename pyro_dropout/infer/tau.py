@@ -4,7 +4,7 @@ dropout's weight decay."""
 __all__ = ["gal_tau", "gal_weight_decay", "prior_scale_from_length_scale"]
 
 
-def gal_tau(length_scale, dropout_rate, num_data, weight_decay):
+def gal_tau(length_scale: float, dropout_rate: float, num_data: int, weight_decay: float) -> float:
     r"""Model precision :math:`τ = \frac{(1-p)\,l^2}{2 N λ}` (Gal & Ghahramani 2016, eq. 7).
 
     :param length_scale: prior length-scale :math:`l` (prior :math:`\mathcal N(0, l^{-2})`).
@@ -18,7 +18,7 @@ def gal_tau(length_scale, dropout_rate, num_data, weight_decay):
     return (1 - dropout_rate) * length_scale**2 / (2 * num_data * weight_decay)
 
 
-def gal_weight_decay(length_scale, dropout_rate, num_data, tau):
+def gal_weight_decay(length_scale: float, dropout_rate: float, num_data: int, tau: float) -> float:
     r"""Weight decay :math:`λ = \frac{(1-p)\,l^2}{2 N τ}` matching a prior length-scale and τ
     (the inverse of :func:`gal_tau`; the UCI protocol's formula).
 
@@ -30,7 +30,7 @@ def gal_weight_decay(length_scale, dropout_rate, num_data, tau):
     return (1 - dropout_rate) * length_scale**2 / (2 * num_data * tau)
 
 
-def prior_scale_from_length_scale(length_scale):
+def prior_scale_from_length_scale(length_scale: float) -> float:
     """Standard deviation :math:`1/l` of the Normal prior with length-scale :math:`l`."""
     if not length_scale > 0:
         raise ValueError(f"length_scale must be positive, got {length_scale}")

@@ -1,11 +1,13 @@
 """Turning a deterministic ``torch.nn.Module`` into its Bayesian twin."""
 
 import copy
+from collections.abc import Iterable
 
 import torch
 from pyro.nn.module import PyroModule, to_pyro_module_
 
 from .layers import BayesianConv1d, BayesianConv2d, BayesianLinear
+from .priors import PriorSpec
 
 __all__ = ["bayesianize"]
 
@@ -39,7 +41,13 @@ def _convert_layer(m, prior, bias_prior):
     return new.to(device=m.weight.device, dtype=m.weight.dtype)
 
 
-def bayesianize(module, prior=None, bias_prior=None, deterministic=(), keep_dropout=False):
+def bayesianize(
+    module: torch.nn.Module,
+    prior: PriorSpec = None,
+    bias_prior: PriorSpec = None,
+    deterministic: Iterable[type[torch.nn.Module]] = (),
+    keep_dropout: bool = False,
+) -> PyroModule:
     """Return a Bayesian twin of ``module``: every ``nn.Linear``, ``nn.Conv1d`` and
     ``nn.Conv2d`` becomes a :class:`BayesianLinear` / :class:`BayesianConv1d` /
     :class:`BayesianConv2d` (weights and biases are Pyro sample sites with ``prior``); other

@@ -84,11 +84,13 @@ class LinearSpec:
     tokens: int = 0
 
     @property
-    def feature_dims(self):
+    def feature_dims(self) -> int:
         """Trailing output dims per example (none for a vector weight)."""
         return 0 if self.vector else 1
 
-    def __call__(self, x, weight, bias=None):
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.vector:
             out = LinearSpec(transposed=True)(x, weight.unsqueeze(-1))
             out = out.squeeze(-1)
@@ -134,14 +136,14 @@ class ConvSpec:
     groups: int = 1
 
     @property
-    def feature_dims(self):
+    def feature_dims(self) -> int:
         return 1 + self.ndim
 
     def _conv(self, x, weight, bias, groups):
         fn = F.conv1d if self.ndim == 1 else F.conv2d
         return fn(x, weight, bias, self.stride, self.padding, self.dilation, groups)
 
-    def __call__(self, x, weight):
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         nd = self.ndim
         weight = _unexpand_batch(weight, 2 + nd)
         kernel_event = weight.shape[-(2 + nd) :]

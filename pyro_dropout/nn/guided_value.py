@@ -225,8 +225,9 @@ _METADATA = frozenset(
 )
 
 _HANDLERS = {
-    torch.Tensor.T.__get__: lambda a, k: _event_transpose(a, k, _always),
-    torch.Tensor.mT.__get__: lambda a, k: _event_transpose(a, k, _always),
+    # a property's getter is what __torch_function__ receives (torch's stubs type T as a Tensor)
+    torch.Tensor.T.__get__: lambda a, k: _event_transpose(a, k, _always),  # type: ignore[attr-defined]
+    torch.Tensor.mT.__get__: lambda a, k: _event_transpose(a, k, _always),  # type: ignore[attr-defined]
     torch.Tensor.t: lambda a, k: _event_transpose(a, k, _always),
     torch.t: lambda a, k: _event_transpose(a, k, _always),
     torch.Tensor.transpose: lambda a, k: _event_transpose(a, k, _swaps_matrix_dims),

@@ -15,6 +15,7 @@ from .guided_value import plain
 from .priors import (
     HyperPrior,
     LearnedPrior,
+    PriorSpec,
     hierarchical_prior,
     hyper_site_prior,
     make_prior,
@@ -138,7 +139,14 @@ class BayesianLinear(_BayesianLayer):
         y = layer(torch.randn(10, 3))   # samples weight and bias from the prior
     """
 
-    def __init__(self, in_features, out_features, bias=True, prior=None, bias_prior=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        prior: PriorSpec = None,
+        bias_prior: PriorSpec = None,
+    ) -> None:
         super().__init__()
         in_features = positive_int(in_features, "in_features")
         out_features = positive_int(out_features, "out_features")
@@ -149,7 +157,7 @@ class BayesianLinear(_BayesianLayer):
             (out_features, in_features), (out_features,) if bias else None, prior, bias_prior
         )
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
@@ -158,17 +166,17 @@ class _BayesianConvNd(_BayesianLayer):
 
     def __init__(
         self,
-        in_channels,
-        out_channels,
-        kernel_size,
-        stride=1,
-        padding=0,
-        dilation=1,
-        groups=1,
-        bias=True,
-        prior=None,
-        bias_prior=None,
-    ):
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        prior: PriorSpec = None,
+        bias_prior: PriorSpec = None,
+    ) -> None:
         super().__init__()
         tup = _single if self._ndim == 1 else _pair
         in_channels = positive_int(in_channels, "in_channels")
@@ -191,7 +199,7 @@ class _BayesianConvNd(_BayesianLayer):
             bias_prior,
         )
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         s = self.spec
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "

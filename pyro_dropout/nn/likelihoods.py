@@ -10,6 +10,7 @@ import math
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule, PyroSample
+from torch.distributions import Distribution
 
 from .._checks import positive_number
 
@@ -41,7 +42,7 @@ class GaussianLikelihood(PyroModule):
 
     kind = "regression"
 
-    def __init__(self, tau=None, init_noise_scale=1.0):
+    def __init__(self, tau: float | None = None, init_noise_scale: float = 1.0) -> None:
         super().__init__()
         self.tau = None if tau is None else positive_number(tau, "tau (noise precision)")
         self.init_noise_scale = positive_number(init_noise_scale, "init_noise_scale")
@@ -56,13 +57,13 @@ class GaussianLikelihood(PyroModule):
         )
         return dist.LogNormal(loc, torch.full_like(loc, NOISE_PRIOR_LOG_SD))
 
-    def scale(self, like):
+    def scale(self, like: torch.Tensor) -> torch.Tensor:
         """The noise scale: fixed, or a draw of the latent site (inside a model run)."""
         if self.tau is not None:
             return torch.tensor(self.tau**-0.5, dtype=like.dtype, device=like.device)
         return self.noise_scale
 
-    def precision(self):
+    def precision(self) -> float:
         """The fixed noise precision τ as a float (``tau`` models only)."""
         if self.tau is None:
             raise AttributeError(
@@ -71,7 +72,7 @@ class GaussianLikelihood(PyroModule):
             )
         return float(self.tau)
 
-    def check_target(self, y, f):
+    def check_target(self, y: torch.Tensor | None, f: torch.Tensor) -> torch.Tensor | None:
         if y is None:
             return None
         if not torch.is_floating_point(y):
@@ -86,7 +87,7 @@ class GaussianLikelihood(PyroModule):
             )
         return y
 
-    def distribution(self, f):
+    def distribution(self, f: torch.Tensor) -> Distribution:
         """``Normal(f, s).to_event(1)`` (one event per row); samples a latent ``s``."""
         s = self.scale(f)
         if s.dim():
@@ -101,7 +102,7 @@ class GaussianLikelihood(PyroModule):
             s = s.reshape(s.shape + (1, 1))
         return dist.Normal(f, s).to_event(1)
 
-    def predictive_distribution(self, f):
+    def predictive_distribution(self, f: torch.Tensor) -> Distribution | None:
         """The distribution for given outputs without sampling anything (fixed τ only)."""
         return self.distribution(f) if self.tau is not None else None
 
@@ -141,7 +142,7 @@ class HeteroscedasticGaussianLikelihood(PyroModule):
     #: Network outputs per target (mean and scale).
     outputs_per_target = 2
 
-    def __init__(self, min_scale=1e-3, init_scale=1.0):
+    def __init__(self, min_scale: float = 1e-3, init_scale: float = 1.0) -> None:
         super().__init__()
         self.min_scale = positive_number(min_scale, "min_scale")
         self.init_scale = positive_number(init_scale, "init_scale")
@@ -159,17 +160,17 @@ class HeteroscedasticGaussianLikelihood(PyroModule):
             )
         return k2 // 2
 
-    def split(self, f):
+    def split(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(μ, σ)`` from network outputs ``f`` of shape ``(..., 2 K)``."""
         k = self._targets(f)
         loc, raw = f[..., :k], f[..., k:]
         return loc, self.min_scale + torch.nn.functional.softplus(raw + self._shift)
 
-    def scale(self, f):
+    def scale(self, f: torch.Tensor) -> torch.Tensor:
         """The input-dependent noise scale σ(x) for network outputs ``f``."""
         return self.split(f)[1]
 
-    def check_target(self, y, f):
+    def check_target(self, y: torch.Tensor | None, f: torch.Tensor) -> torch.Tensor | None:
         if y is None:
             return None
         k = self._targets(f)
@@ -185,12 +186,12 @@ class HeteroscedasticGaussianLikelihood(PyroModule):
             )
         return y
 
-    def distribution(self, f):
+    def distribution(self, f: torch.Tensor) -> Distribution:
         """``Normal(μ(x), σ(x)).to_event(1)`` (one event per row)."""
         loc, scale = self.split(f)
         return dist.Normal(loc, scale).to_event(1)
 
-    def predictive_distribution(self, f):
+    def predictive_distribution(self, f: torch.Tensor) -> Distribution:
         """The distribution for given network outputs (nothing is sampled)."""
         return self.distribution(f)
 
@@ -200,7 +201,7 @@ class CategoricalLikelihood(PyroModule):
 
     kind = "classification"
 
-    def check_target(self, y, f):
+    def check_target(self, y: torch.Tensor | None, f: torch.Tensor) -> torch.Tensor | None:
         if y is None:
             return None
         if y.shape != f.shape[-2:-1]:
@@ -209,8 +210,8 @@ class CategoricalLikelihood(PyroModule):
             )
         return y.long()
 
-    def distribution(self, f):
+    def distribution(self, f: torch.Tensor) -> Distribution:
         return dist.Categorical(logits=f)
 
-    def predictive_distribution(self, f):
+    def predictive_distribution(self, f: torch.Tensor) -> Distribution:
         return self.distribution(f)

@@ -2,6 +2,8 @@
 
 import inspect
 import numbers
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import pyro
 import torch
@@ -15,6 +17,7 @@ from .likelihoods import (
     GaussianLikelihood,
     HeteroscedasticGaussianLikelihood,
 )
+from .priors import PriorSpec
 
 __all__ = ["BayesianModel", "BayesianMLP", "BayesianConvNet", "make_likelihood"]
 
@@ -28,7 +31,7 @@ _ACTIVATIONS = {
 }
 
 
-def _widths(hidden):
+def _widths(hidden: Any) -> tuple[int, ...]:  # validates any user input
     if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
         hidden = (hidden,)
     try:
@@ -101,12 +104,21 @@ class BayesianModel(PyroModule):
 
     max_plate_nesting = 1
 
-    def __init__(self, net, likelihood="regression", tau=None, init_noise_scale=1.0):
+    def __init__(
+        self,
+        net: Callable[[torch.Tensor], torch.Tensor],
+        likelihood: Literal["regression", "heteroscedastic", "classification"]
+        | torch.nn.Module = "regression",
+        tau: float | None = None,
+        init_noise_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.net = net
         self.likelihood = make_likelihood(likelihood, tau, init_noise_scale)
 
-    def forward(self, x, y=None, num_data=None):
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, num_data: int | None = None
+    ) -> torch.Tensor:
         f = self.net(x)
         n = f.shape[-2]
         size = n if num_data is None else int(num_data)
@@ -122,7 +134,7 @@ class BayesianModel(PyroModule):
         return f
 
     @property
-    def accepts_num_data(self):
+    def accepts_num_data(self) -> bool:
         return "num_data" in inspect.signature(self.forward).parameters
 
 
@@ -152,16 +164,17 @@ class BayesianMLP(BayesianModel):
 
     def __init__(
         self,
-        in_features,
-        out_features,
-        hidden=(50,),
-        activation="relu",
-        likelihood="regression",
-        tau=None,
-        prior=None,
-        bias_prior=None,
-        init_noise_scale=1.0,
-    ):
+        in_features: int,
+        out_features: int,
+        hidden: int | Sequence[int] = (50,),
+        activation: str | Callable[[torch.Tensor], torch.Tensor] = "relu",
+        likelihood: Literal["regression", "heteroscedastic", "classification"]
+        | torch.nn.Module = "regression",
+        tau: float | None = None,
+        prior: PriorSpec = None,
+        bias_prior: PriorSpec = None,
+        init_noise_scale: float = 1.0,
+    ) -> None:
         in_features = positive_int(in_features, "in_features")
         out_features = positive_int(out_features, "out_features")
         hidden = _widths(hidden)
@@ -244,15 +257,16 @@ class BayesianConvNet(BayesianModel):
 
     def __init__(
         self,
-        in_channels=1,
-        num_classes=10,
-        image_size=28,
-        channels=(20, 50),
-        hidden=500,
-        kernel_size=5,
-        prior=None,
-        likelihood="classification",
-        tau=None,
-    ):
+        in_channels: int = 1,
+        num_classes: int = 10,
+        image_size: int = 28,
+        channels: Sequence[int] = (20, 50),
+        hidden: int = 500,
+        kernel_size: int = 5,
+        prior: PriorSpec = None,
+        likelihood: Literal["regression", "heteroscedastic", "classification"]
+        | torch.nn.Module = "classification",
+        tau: float | None = None,
+    ) -> None:
         net = _LeNet(in_channels, num_classes, image_size, channels, hidden, kernel_size, prior)
         super().__init__(net, likelihood, tau)

@@ -3,10 +3,12 @@ the two hierarchical priors whose scale is fitted to the data: :class:`LearnedPr
 (empirical Bayes) and :class:`HyperPrior` (a Gamma hyperprior on the precision)."""
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 import torch
-from pyro.distributions import Gamma, Normal
+from pyro.distributions import Gamma, Normal, TorchDistribution
 from torch.distributions import Distribution
 
 from ..distributions.empirical_bayes import EmpiricalBayesScale
@@ -184,3 +186,17 @@ def make_prior(prior, shape, device=None, dtype=None):
         f"{tuple(prior.event_shape)}; expected a scalar distribution or one of total shape "
         f"{tuple(shape)}"
     )
+
+
+#: A prior as the layers and models take it (see :func:`make_prior`): None (``Normal(0, 1)``),
+#: a positive scale, a distribution, a callable ``shape -> distribution``, or a learned scale
+#: (:class:`LearnedPrior`, :class:`HyperPrior`, or their names ``"learned"`` and ``"hyper"``).
+PriorSpec: TypeAlias = (
+    float
+    | TorchDistribution
+    | Callable[[torch.Size], TorchDistribution]
+    | LearnedPrior
+    | HyperPrior
+    | Literal["learned", "hyper"]
+    | None
+)

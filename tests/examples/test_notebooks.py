@@ -56,10 +56,10 @@ def test_the_six_notebooks_exist():
 @pytest.mark.parametrize("path", [_param(p) for p in NOTEBOOKS])
 def test_notebook_runs_in_quick_mode(path):
     need = NEEDS.get(path.stem)
-    # The test suite needs the `examples` extra (README); fail with the fix, don't skip.
-    assert need is None or importlib.util.find_spec(need) is not None, (
-        f"{path.stem} needs {need}: pip install -e '.[test,examples,docs]'"
-    )
+    # Without the `examples` extra the notebook is skipped with the fix; CI's run with every
+    # extra turns such a skip into a failure (PYRO_DROPOUT_ALL_EXTRAS, tests/conftest.py).
+    if need is not None and importlib.util.find_spec(need) is None:
+        pytest.skip(f"{path.stem} needs the examples extra ({need}): pip install -e '.[examples]'")
     env = {**os.environ, "PYRO_DROPOUT_QUICK": "1", "MPLBACKEND": "Agg"}
     proc = subprocess.run(
         [sys.executable, "-c", RUNNER, str(path)],

@@ -26,7 +26,6 @@ from pyro_dropout import (
 )
 from pyro_dropout.infer import CompilationWarning, JitMeanFieldELBO, MeanFieldELBO, fused_adam
 from pyro_dropout.infer.fit import make_elbo
-from pyro_dropout.lightning import BayesianModule
 
 
 def _data(n=96, seed=0):
@@ -63,7 +62,6 @@ def test_fit_compiles_by_default_without_a_warning():
     assert make_elbo(BayesianMLP(3, 1), jit=False).__class__ is MeanFieldELBO
     assert not make_elbo(BayesianMLP(3, 1), jit=True).fallback
     assert inspect.signature(fit).parameters["jit"].default == "auto"
-    assert inspect.signature(BayesianModule).parameters["jit"].default == "auto"
     x, y = _data()
     for model in (BayesianMLP(3, 1, hidden=(16,), tau=25.0), Tutorial()):
         with warnings.catch_warnings():
@@ -71,6 +69,16 @@ def test_fit_compiles_by_default_without_a_warning():
             losses = fit(model, AutoMeanField(model), x, y, num_epochs=3, batch_size=32, lr=1e-2,
                          seed=0, progress=False)  # fmt: skip
         assert len(losses) == 9 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_lightning_module_compiles_by_default_too():
+    # lightning first: pyro_dropout.lightning raises an ImportError of its own without it
+    pytest.importorskip(
+        "lightning", reason="needs the lightning extra: pip install -e '.[lightning]'"
+    )
+    from pyro_dropout.lightning import BayesianModule
+
+    assert inspect.signature(BayesianModule).parameters["jit"].default == "auto"
 
 
 def test_traces_are_freed_with_the_fit_not_kept_by_torchscript():

@@ -32,6 +32,7 @@ MARGIN = 0.1
 
 
 def _dataset(name):
+    pytest.importorskip("mlxtend", reason="needs the examples extra: pip install -e '.[examples]'")
     from mlxtend.data import autompg_data, boston_housing_data
     from sklearn.datasets import load_diabetes
 

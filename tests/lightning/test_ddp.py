@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+pytest.importorskip("lightning", reason="needs the lightning extra: pip install -e '.[lightning]'")
 
 from pyro_dropout.lightning import BayesianModule  # noqa: E402
 

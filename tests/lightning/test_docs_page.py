@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("lightning")
+pytest.importorskip("lightning", reason="needs the lightning extra: pip install -e '.[lightning]'")
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "scaling-out.md"
 

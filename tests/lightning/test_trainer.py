@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-L = pytest.importorskip("lightning")
+L = pytest.importorskip(
+    "lightning", reason="needs the lightning extra: pip install -e '.[lightning]'"
+)
 
 import pyro  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
