@@ -44,7 +44,7 @@ from pyro_dropout.infer import MeanFieldELBO, fused_adam
 from ._provenance import git_state, versions
 
 GUIDES = {
-    "AutoDropout": lambda m: AutoDropout(m, dropout_rate=0.2, scale=0.01),
+    "AutoDropout": lambda m: AutoDropout(m, dropout_rate=0.2, input_dropout_rate=0.2, scale=0.01),
     "AutoMeanField": lambda m: AutoMeanField(m, init_scale=0.05),
     "AutoVariationalDropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-3.0),
 }

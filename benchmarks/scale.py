@@ -121,7 +121,7 @@ def _plain_pass(ds):
 def _bayesian(seed):
     pyro.set_rng_seed(seed)
     model = BayesianMLP(FEATURES, 1, hidden=HIDDEN, tau=TAU)
-    return model, AutoDropout(model, dropout_rate=DROPOUT)
+    return model, AutoDropout(model, dropout_rate=DROPOUT, input_dropout_rate=DROPOUT)
 
 
 def _peak_rss_mb():

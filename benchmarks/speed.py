@@ -172,7 +172,7 @@ class TutorialBNN(PyroModule):
 
 def _make_guide(name, model, w):
     if name == "AutoDropout":
-        return AutoDropout(model, dropout_rate=w["p"])
+        return AutoDropout(model, dropout_rate=w["p"], input_dropout_rate=w["p"])
     if name == "AutoNormal":
         return AutoNormal(model)
     return GUIDES[name](model)

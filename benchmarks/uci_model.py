@@ -370,6 +370,7 @@ def build(guide, d_in, n_hidden, members: Members):
         g = AutoDropout(
             model,
             dropout_rate=rate.to(dtype).reshape(-1, 1, 1, 1),
+            input_dropout_rate=rate.to(dtype).reshape(-1, 1, 1, 1),  # Gal's: inputs too
             scale=DROPOUT_SLAB_SCALE,
             init_loc_fn=init_to_glorot,
         )
@@ -433,6 +434,7 @@ def _build_hetero(guide, d_in, n_hidden, members):
         g = AutoDropout(
             model,
             dropout_rate=rate.reshape(-1, 1, 1, 1),
+            input_dropout_rate=rate.reshape(-1, 1, 1, 1),  # as the homoscedastic members
             scale=DROPOUT_SLAB_SCALE,
             init_loc_fn=init_to_glorot,
         )

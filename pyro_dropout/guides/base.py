@@ -18,8 +18,8 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import Distribution, biject_to
 
 from ..distributions.empirical_bayes import EmpiricalBayesScale
-from ..handlers.weight_uses import WeightUses
 from .init import dist_dtype, init_to_fan_in
+from .input_sites import InputReads
 
 __all__ = ["AutoWeightGuide"]
 
@@ -69,8 +69,9 @@ class AutoWeightGuide(AutoGuide):
         self.init_loc_fn = init_loc_fn
         self._init_device = None
         # Armed during the set-up run only: records which sites the model consumes as weights
-        # of linear/matmul/conv operations, and how often (see _build_from_prototype).
-        self._use_probe = WeightUses(armed=False)
+        # of linear/matmul/conv operations, how often, and which read the model's inputs
+        # (see _build_from_prototype).
+        self._use_probe = InputReads(armed=False)
         model = self._use_probe(InitMessenger(self._init_on_device)(model))
         super().__init__(model, create_plates=create_plates)
         # Pyro names a guide's parameters after its class in the global param store, so a
@@ -119,7 +120,7 @@ class AutoWeightGuide(AutoGuide):
 
     def _reset_prototype(self):
         self.prototype_trace = None
-        self._weight_uses, self._vector_weights = {}, set()
+        self._weight_uses, self._vector_weights, self._input_sites = {}, set(), set()
         for group in self._PARAM_GROUPS:
             if hasattr(self, group):
                 delattr(self, group)
@@ -131,13 +132,16 @@ class AutoWeightGuide(AutoGuide):
         tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
         self._init_device = tensors[0].device if tensors else None
         probe = self._use_probe
-        probe.start()
+        probe.start(tensors)
         try:
             super()._setup_prototype(*args, **kwargs)
         finally:
             probe.armed = False
         #: Linear/matmul/conv uses of each site in one model run (as weight or bias).
         self._weight_uses = dict(probe.weight_uses)
+        #: Weight sites whose operation reads a tensor passed to the model (or a view of one):
+        #: the layers that see the input features (see :mod:`.input_sites`).
+        self._input_sites = set(probe.input_sites)
         #: 1-D sites the model uses as the weight of a product (``x @ w``, ``w @ x``,
         #: ``F.linear(x, w)``): weight vectors, which a family treats as a one-output layer.
         self._vector_weights = {

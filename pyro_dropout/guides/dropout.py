@@ -1,5 +1,6 @@
 """MC dropout as Bernoulli variational inference (Gal & Ghahramani 2016)."""
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,15 +26,25 @@ class AutoDropout(AutoWeightGuide):
     :math:`W = M\,\mathrm{diag}(z) + σ ε`, :math:`z \sim \mathrm{Bernoulli}(1-p)` per input unit,
     with learned :math:`M` and fixed drop rate :math:`p` and slab scale :math:`σ`; other real
     sites (biases) get :math:`\mathcal N(b, σ^2)` with no dropout (Gal & Ghahramani 2016,
-    appendix). Under :func:`~pyro_dropout.local_reparameterization` a layer then computes
+    appendix). The weights that read the model's inputs keep them all by default
+    (``input_dropout_rate=0``): dropout on hidden units. Under
+    :func:`~pyro_dropout.local_reparameterization` a layer then computes
     exactly standard dropout on its input plus the slab noise; with a prior
     :math:`\mathcal N(0, l^{-2})` the KL is the weight decay :math:`\tfrac{(1-p)l^2}{2}\|M\|^2`
     (see :func:`~pyro_dropout.infer.gal_tau`).
 
     :param dropout_rate: drop probability ``p`` (``torch.nn.Dropout`` convention): one float for
-        every weight site, a mapping ``{site_name: p}`` naming every weight site, or a tensor
-        broadcastable to every weight site's mask shape (e.g. ``(G, 1, 1, 1)`` for weights in a
-        plate of G hyper-parameter configurations at dim -2).
+        every weight site that does not read the model's inputs, a mapping ``{site_name: p}``
+        naming every weight site (the inputs' layers included), or a tensor broadcastable to
+        every weight site's mask shape (e.g. ``(G, 1, 1, 1)`` for weights in a plate of G
+        hyper-parameter configurations at dim -2).
+    :param input_dropout_rate: drop probability of the weight sites that read the model's
+        inputs (a tensor passed to the model, or a view of it: an MLP's first layer, a CNN's
+        first convolution, ``x @ w`` on the data): default ``0``, every input feature kept,
+        as dropout is usually placed on hidden units. Dropping inputs is a choice for many
+        redundant features (Gal's UCI code drops them at the same rate); on a network with
+        one input it makes a fraction ``p`` of the draws predict as if ``x = 0``. A float or a
+        tensor, as ``dropout_rate``; not with a mapping (which names every site's rate).
     :param float scale: the slab standard deviation σ (fixed unless ``learn_scale``).
     :param bool learn_scale: learn a per-weight σ (softplus-parameterised) instead.
 
@@ -57,43 +68,52 @@ class AutoDropout(AutoWeightGuide):
         model: Callable[..., Any],
         *,
         dropout_rate: float | Mapping[str, float] | torch.Tensor = 0.1,
+        input_dropout_rate: float | torch.Tensor | None = None,
         scale: float = 0.01,
         learn_scale: bool = False,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
     ) -> None:
-        if torch.is_tensor(dropout_rate) and dropout_rate.numel() > 1:
-            # A tensor of rates broadcast to each weight site's mask shape
-            # (batch_shape + (1,) + event_shape[1:]), e.g. one rate per member of a plate.
-            if not ((dropout_rate >= 0) & (dropout_rate < 1)).all():
-                raise ValueError("dropout_rate must hold drop probabilities in [0, 1)")
-            dropout_rate = dropout_rate.detach().clone()
-        elif isinstance(dropout_rate, Mapping):
+        if isinstance(dropout_rate, Mapping):
             for key, p in dropout_rate.items():
                 _check_rate(p, f"dropout_rate[{key!r}]")
             dropout_rate = {key: float(p) for key, p in dropout_rate.items()}
+            if input_dropout_rate is not None:
+                raise ValueError(
+                    "input_dropout_rate is not used with a dropout_rate mapping, which names "
+                    "the rate of every weight site (the inputs' layers included): put the "
+                    "input layers' rate in the mapping"
+                )
         else:
-            _check_rate(dropout_rate, "dropout_rate")
-            dropout_rate = float(dropout_rate)
+            dropout_rate = _rate_arg(dropout_rate, "dropout_rate")
+            input_dropout_rate = _rate_arg(
+                0.0 if input_dropout_rate is None else input_dropout_rate, "input_dropout_rate"
+            )
         if not is_positive(scale):
             raise ValueError(f"scale must be positive, got {scale}")
         super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
         self.dropout_rate = dropout_rate  # after Module.__init__: it may be a tensor
+        self.input_dropout_rate = input_dropout_rate
         self.scale = float(scale)
         self.learn_scale = bool(learn_scale)
 
     @property
     def config(self) -> dict[str, Any]:
-        rate = self.dropout_rate
-        return {
+        rate, inputs = self.dropout_rate, self.input_dropout_rate
+        config = {
             "dropout_rate": rate.tolist() if torch.is_tensor(rate) else rate,
             "scale": self.scale,
             "learn_scale": self.learn_scale,
         }
+        if inputs is not None:  # None with a mapping, which names every site's rate
+            config["input_dropout_rate"] = inputs.tolist() if torch.is_tensor(inputs) else inputs
+        return config
 
     def _build_from_prototype(self, *args, **kwargs):
         self._rates = {}
         super()._build_from_prototype(*args, **kwargs)
+        if not isinstance(self.dropout_rate, dict):
+            self._warn_if_nothing_is_dropped()
         if isinstance(self.dropout_rate, dict):
             unknown = sorted(set(self.dropout_rate) - set(self._rates))
             missing = sorted(n for n, p in self._rates.items() if p is None)
@@ -101,6 +121,22 @@ class AutoDropout(AutoWeightGuide):
                 raise ValueError(
                     "dropout_rate mapping must name exactly the weight sites "
                     f"{sorted(self._rates)}; unknown: {unknown}, missing: {missing}"
+                )
+
+    def _warn_if_nothing_is_dropped(self):
+        """Never silent: a model whose every weight site reads its inputs (a linear model,
+        ``x @ w``) gets no dropout at all from a rate the default keeps off its inputs."""
+        rates = list(self._rates.values())
+        asked = torch.as_tensor(self.dropout_rate)
+        if rates and all(n in self._input_sites for n in self._rates) and bool((asked > 0).any()):
+            if not bool((torch.as_tensor(self.input_dropout_rate) > 0).any()):
+                warnings.warn(
+                    f"AutoDropout: every weight site ({', '.join(sorted(self._rates))}) reads "
+                    "the model's inputs, which input_dropout_rate (default 0) keeps: "
+                    f"dropout_rate={self.config['dropout_rate']} drops nothing. Pass "
+                    "input_dropout_rate=p to drop input features.",
+                    UserWarning,
+                    stacklevel=4,
                 )
 
     def _is_weight(self, site):
@@ -111,11 +147,12 @@ class AutoDropout(AutoWeightGuide):
     def _init_real_site(self, name, site, init_mean):
         n = init_mean.dim()
         if self._is_weight(site):
-            rate = (
-                self.dropout_rate.get(name)
-                if isinstance(self.dropout_rate, dict)
-                else self.dropout_rate
-            )
+            if isinstance(self.dropout_rate, dict):
+                rate = self.dropout_rate.get(name)
+            elif name in self._input_sites:
+                rate = self.input_dropout_rate
+            else:
+                rate = self.dropout_rate
             self._rates[name] = rate
             keep = 1.0 - (0.0 if rate is None else rate)
             if torch.is_tensor(keep):
@@ -148,6 +185,18 @@ class AutoDropout(AutoWeightGuide):
 def _row(t):
     """A vector ``batch + (in,)`` as the one-output layer ``batch + (1, in)`` (scalars as is)."""
     return t.unsqueeze(-2) if t.dim() else t
+
+
+def _rate_arg(rate, what):
+    """A rate argument as a float, or a tensor of rates (kept as is, cloned)."""
+    if torch.is_tensor(rate) and rate.numel() > 1:
+        # A tensor of rates broadcast to each weight site's mask shape
+        # (batch_shape + (1,) + event_shape[1:]), e.g. one rate per member of a plate.
+        if not ((rate >= 0) & (rate < 1)).all():
+            raise ValueError(f"{what} must hold drop probabilities in [0, 1)")
+        return rate.detach().clone()
+    _check_rate(rate, what)
+    return float(rate)
 
 
 def _check_rate(p, what):

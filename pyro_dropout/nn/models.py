@@ -244,8 +244,10 @@ class BayesianConvNet(BayesianModel):
     r"""A small LeNet-style Bayesian CNN (Gal & Ghahramani's "LeNet-all" layout):
     conv(5×5, 20) – ReLU – max-pool – conv(5×5, 50) – ReLU – max-pool – FC 500 – ReLU – FC.
 
-    With :class:`~pyro_dropout.AutoDropout` every Bayesian layer drops its input, i.e. dropout
-    after every convolution, and MC averaging at test time gives Gal's Bayesian CNN.
+    With :class:`~pyro_dropout.AutoDropout` every Bayesian layer but the first drops its input,
+    i.e. dropout after every convolution, and MC averaging at test time gives Gal's Bayesian
+    CNN; the first convolution reads the image, whose channels are dropped only if asked
+    (``input_dropout_rate``: with one input channel a dropped channel is a blank image).
 
     Inputs have shape ``(..., N, in_channels, image_size, image_size)``.
 

@@ -1,6 +1,9 @@
 """Guide arguments: per-layer dropout rates, learned slab scale and argument validation."""
 
+import warnings
+
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
@@ -12,6 +15,7 @@ from pyro_dropout import (
     BayesianMLP,
     fit,
     local_reparameterization,
+    predict,
 )
 
 W0, W1 = "net.layers.0.weight", "net.layers.1.weight"
@@ -95,13 +99,18 @@ def test_learned_slab_scale():
     fit(model, guide, x, y, num_steps=20, lr=0.05, progress=False, seed=0)
     scale = pyro.get_param_store()[f"{guide._pyro_name}.scales.{W0}"]
     assert (scale > 0).all() and not torch.allclose(scale, torch.full_like(scale, 0.05))
-    assert guide.config == {"dropout_rate": 0.2, "scale": 0.05, "learn_scale": True}
+    assert guide.config == {
+        "dropout_rate": 0.2,
+        "input_dropout_rate": 0.0,
+        "scale": 0.05,
+        "learn_scale": True,
+    }
 
 
 def test_dropout_under_lrt_is_standard_dropout_on_the_input():
     """With a tiny slab, a layer under local reparameterisation zeroes whole input units."""
     model = BayesianMLP(3, 6, hidden=(), tau=1.0)
-    guide = AutoDropout(model, dropout_rate=0.5, scale=1e-6)
+    guide = AutoDropout(model, dropout_rate=0.5, input_dropout_rate=0.5, scale=1e-6)
     x = torch.ones(2000, 3)
     guide(x, torch.zeros(2000, 6))  # with y: the likelihood site must be observed
     m = pyro.get_param_store()[f"{guide._pyro_name}.locs.{W0}"].detach()
@@ -127,6 +136,8 @@ def test_dropout_under_lrt_is_standard_dropout_on_the_input():
         (AutoDropout, dict(dropout_rate=1.0), "dropout_rate"),
         (AutoDropout, dict(dropout_rate=-0.1), "dropout_rate"),
         (AutoDropout, dict(dropout_rate="0.1"), "dropout_rate"),
+        (AutoDropout, dict(input_dropout_rate=1.0), "input_dropout_rate"),
+        (AutoDropout, dict(input_dropout_rate="0"), "input_dropout_rate"),
         (AutoDropout, dict(scale=0.0), "scale"),
         (AutoDropout, dict(scale=-1.0), "scale"),
         (AutoDropout, dict(scale=float("nan")), "scale"),
@@ -152,3 +163,71 @@ def test_guide_configs_are_recorded():
         "init_log_alpha": -3.0,
         "init_scale": 0.01,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# the model's inputs (issue 39)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_one_input_model_never_predicts_as_if_x_were_zero():
+    """AutoDropout's default keeps the model's inputs (``input_dropout_rate=0``): on a
+    one-input network, dropping the input makes a draw predict as if x = 0. Before, with
+    ``dropout_rate=0.1`` on every layer, ~10 % of the 400 draws at x = 2 of a fit of y = 2x
+    sat near f(0) = 0 (P(none of 400) = 0.9^400 ≈ 5e-19); now none may be further than 2
+    from f(2) = 4 (the hidden layer's dropout moved a draw by at most 1.03, seed 1)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(200, 1, generator=g) * 4 - 2
+    y = 2 * x.squeeze(-1) + 0.1 * torch.randn(200, generator=g)
+    model = BayesianMLP(1, 1, hidden=(50,), tau=100.0)
+    guide = AutoDropout(model)
+    assert guide.config["input_dropout_rate"] == 0.0
+    fit(model, guide, x, y, num_steps=300, lr=1e-2, progress=False, seed=0)
+    assert guide._rates == {"net.layers.0.weight": 0.0, "net.layers.1.weight": 0.1}
+    f = predict(model, guide, torch.tensor([[2.0]]), num_samples=400, seed=1, site="_RETURN")
+    f = f.samples.reshape(-1)
+    assert abs(float(f.mean()) - 4.0) < 0.5
+    assert not ((f - 4.0).abs() > 2.0).any(), "a draw dropped the input"
+    # asked for, the input is dropped again: about 10 % of the draws near f(0)
+    guide = AutoDropout(model, input_dropout_rate=0.1)
+    fit(model, guide, x, y, num_steps=300, lr=1e-2, progress=False, seed=0)
+    f = predict(model, guide, torch.tensor([[2.0]]), num_samples=400, seed=1, site="_RETURN")
+    dropped = float(((f.samples.reshape(-1) - 4.0).abs() > 2.0).float().mean())
+    assert 0.04 < dropped < 0.18  # Binomial(400, 0.1): SD 0.015, ±4 SD
+
+
+def test_input_layers_are_found_through_views_and_user_ops():
+    """The sites that read a tensor passed to the model (or a view of it) are the input
+    layers; a layer on a computed tensor is not."""
+
+    def model(x, y=None):
+        w1 = pyro.sample("w1", dist.Normal(torch.zeros(4, 6), 1.0).to_event(2))
+        w2 = pyro.sample("w2", dist.Normal(torch.zeros(4), 1.0).to_event(1))
+        h = torch.relu(x.reshape(-1, 6) @ w1.T)  # a view of the input
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(h @ w2, 1.0), obs=y)
+
+    x, y = torch.randn(5, 2, 3), torch.randn(5)
+    guide = AutoDropout(model, dropout_rate=0.3)
+    guide(x, y)
+    assert guide._rates == {"w1": 0.0, "w2": 0.3}
+    guide = AutoDropout(model, dropout_rate=0.3, input_dropout_rate=0.2)
+    guide(x, y)
+    assert guide._rates == {"w1": 0.2, "w2": 0.3}
+
+
+def test_a_model_whose_every_layer_reads_the_inputs_warns_that_nothing_is_dropped():
+    model = BayesianMLP(3, 1, hidden=(), tau=1.0)
+    x = torch.randn(10, 3)
+    with pytest.warns(UserWarning, match="input_dropout_rate"):
+        AutoDropout(model, dropout_rate=0.2)(x, torch.zeros(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AutoDropout(model, dropout_rate=0.2, input_dropout_rate=0.2)(x, torch.zeros(10))
+        AutoDropout(model, dropout_rate=0.0)(x, torch.zeros(10))
+
+
+def test_input_dropout_rate_and_a_mapping_exclude_each_other():
+    with pytest.raises(ValueError, match="input_dropout_rate is not used with a dropout_rate"):
+        AutoDropout(_model(), dropout_rate={W0: 0.1, W1: 0.1}, input_dropout_rate=0.1)
+    assert "input_dropout_rate" not in AutoDropout(_model(), dropout_rate={W0: 0.1, W1: 0.1}).config

@@ -14,7 +14,17 @@ from pyro.distributions import constraints
 from pyro_dropout import AutoDropout, AutoMeanField, AutoVariationalDropout
 from pyro_dropout.distributions import BernoulliMaskedNormal
 
-GUIDES = [AutoDropout, AutoMeanField, AutoVariationalDropout]
+
+class AutoDropoutOnInputs(AutoDropout):
+    """AutoDropout that drops the inputs of these one-layer models too (by default it keeps
+    them, and warns that it then drops nothing)."""
+
+    def __init__(self, model, **kwargs):
+        kwargs.setdefault("input_dropout_rate", 0.1)
+        super().__init__(model, **kwargs)
+
+
+GUIDES = [AutoDropoutOnInputs, AutoMeanField, AutoVariationalDropout]
 _FRESH = itertools.count()
 
 
@@ -68,7 +78,7 @@ def test_a_copied_real_support_is_treated_as_real():
             pyro.sample("obs", dist.Normal(x @ w.T, 1.0).to_event(1), obs=y)
 
     pyro.clear_param_store()
-    guide = AutoDropout(model, dropout_rate=0.2)
+    guide = AutoDropout(model, dropout_rate=0.2, input_dropout_rate=0.2)
     guide(torch.randn(4, 3), torch.randn(4, 2))
     q = guide.get_distributions()["w"]
     while not isinstance(q, BernoulliMaskedNormal):  # the family, not a bijected Normal

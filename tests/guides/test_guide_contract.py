@@ -32,11 +32,16 @@ def _data(dtype=torch.float32, device="cpu"):
 
 
 GUIDES = {
-    "dropout": lambda m, **kw: AutoDropout(m, **kw),
+    "dropout": lambda m, **kw: AutoDropout(m, input_dropout_rate=0.1, **kw),
     "dropout_rates": lambda m, **kw: AutoDropout(
-        m, dropout_rate=torch.tensor([[0.1, 0.2, 0.3]]), **kw
+        m,
+        dropout_rate=torch.tensor([[0.1, 0.2, 0.3]]),
+        input_dropout_rate=torch.tensor([[0.1, 0.2, 0.3]]),
+        **kw,
     ),
-    "dropout_learn_scale": lambda m, **kw: AutoDropout(m, learn_scale=True, **kw),
+    "dropout_learn_scale": lambda m, **kw: AutoDropout(
+        m, learn_scale=True, input_dropout_rate=0.1, **kw
+    ),
     "mean_field": lambda m, **kw: AutoMeanField(m, **kw),
     "vd_weight": lambda m, **kw: AutoVariationalDropout(m, alpha="weight", **kw),
     "vd_unit": lambda m, **kw: AutoVariationalDropout(m, alpha="unit", **kw),
@@ -115,7 +120,7 @@ def test_float64_model_gets_float64_parameters_and_families(name):
 def test_float64_dropout_rate_and_slab_scale_are_exact():
     """The fixed rate and slab sd reach a float64 model without a float32 round trip."""
     x, y = _data(torch.float64)
-    fns = _fns(AutoDropout(_model, dropout_rate=0.1, scale=0.01), x, y)
+    fns = _fns(AutoDropout(_model, dropout_rate=0.1, input_dropout_rate=0.1, scale=0.01), x, y)
     assert (fns["w"].dropout_rate == 0.1).all()
     assert (fns["w"].scale == 0.01).all()
     assert (fns["b"].base_dist.scale == 0.01).all()
@@ -145,7 +150,7 @@ def test_default_scales_and_their_descriptions():
     dropout = AutoDropout(_model)
     assert dropout.describe() == {
         "family": "mc_dropout",
-        "config": '{"dropout_rate": 0.1, "learn_scale": false, "scale": 0.01}',
+        "config": '{"dropout_rate": 0.1, "input_dropout_rate": 0.0, "learn_scale": false, "scale": 0.01}',
     }
     mapping = AutoDropout(_model, dropout_rate={"w": 0.2}, scale=0.5, learn_scale=True)
     config = mapping.describe()["config"]
@@ -159,8 +164,9 @@ def test_default_scales_and_their_descriptions():
 
 def test_a_one_element_tensor_rate_is_the_scalar_rate():
     rate = torch.tensor([0.25], dtype=torch.float64)
-    guide = AutoDropout(_model, dropout_rate=rate)
+    guide = AutoDropout(_model, dropout_rate=rate, input_dropout_rate=rate)
     assert guide.dropout_rate == 0.25 and isinstance(guide.dropout_rate, float)
+    assert guide.input_dropout_rate == 0.25 and isinstance(guide.input_dropout_rate, float)
     assert json.loads(guide.describe()["config"])["dropout_rate"] == 0.25
     x, y = _data()
     fn = _fns(guide, x, y)["w"]
@@ -173,7 +179,7 @@ def test_a_tensor_of_rates_may_contain_zero():
     """p = 0 (keep every unit) is a valid drop probability in a tensor of rates too."""
     rates = torch.tensor([[0.0, 0.5, 0.2]])
     x, y = _data()
-    fn = _fns(AutoDropout(_model, dropout_rate=rates), x, y)["w"]
+    fn = _fns(AutoDropout(_model, input_dropout_rate=rates), x, y)["w"]
     torch.testing.assert_close(fn.dropout_rate, rates)
 
 

@@ -121,7 +121,9 @@ def test_init_to_module_dropout_locs_are_rescaled():
     """For MC dropout the posterior mean is (1-p) M, so M = W / (1-p)."""
     net, x, y = _trained_net()
     model = BayesianModel(bayesianize(net), tau=10.0)
-    guide = AutoDropout(model, dropout_rate=0.2, init_loc_fn=init_to_module(net))
+    guide = AutoDropout(
+        model, dropout_rate=0.2, input_dropout_rate=0.2, init_loc_fn=init_to_module(net)
+    )
     guide(x, y)
     store = pyro.get_param_store()
     for k, v in net.state_dict().items():

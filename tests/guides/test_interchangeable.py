@@ -109,7 +109,7 @@ def test_guides_own_disjoint_param_store_entries():
 def test_dropout_guide_emits_bernoulli_masked_normal_at_weights_and_normal_at_biases():
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(8,), tau=10.0)
-    guide = AutoDropout(model, dropout_rate=0.25, scale=0.03)
+    guide = AutoDropout(model, dropout_rate=0.25, input_dropout_rate=0.25, scale=0.03)
     sites = _guide_sites(guide, x, y)
     assert set(sites) == set(WEIGHTS + BIASES)
     for name in WEIGHTS:

@@ -51,7 +51,11 @@ def test_weights_inside_a_global_plate_are_guided_per_plate_member():
 
     x, y = torch.randn(20, 3), torch.randn(20)
     model = Batched()
-    for guide in (AutoMeanField(model), AutoDropout(model), AutoVariationalDropout(model)):
+    for guide in (
+        AutoMeanField(model),
+        AutoDropout(model, input_dropout_rate=0.1),
+        AutoVariationalDropout(model),
+    ):
         fit(model, guide, x, y, num_steps=3, progress=False)
         locs = guide.median()["layer.weight"]
         assert locs.shape == (3, 1, 1, 3)
@@ -78,7 +82,7 @@ def test_dropout_rate_tensor_gives_each_plate_member_its_rate():
 
     x, y = torch.randn(5, 3), torch.randn(5)
     rates = torch.tensor([0.1, 0.4]).reshape(2, 1, 1, 1)
-    guide = AutoDropout(Batched(), dropout_rate=rates)
+    guide = AutoDropout(Batched(), dropout_rate=rates, input_dropout_rate=rates)
     guide(x, y)
     fn = guide.get_distributions()["layer.weight"]
     assert fn.dropout_rate.shape == (2, 1, 1, 3)

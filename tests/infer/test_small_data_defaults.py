@@ -1,11 +1,12 @@
 """Defaults that work on small data: on small tabular regression sets shipped with packages
 (scikit-learn's diabetes, 442 rows; mlxtend's auto-mpg, 392 rows, and Boston housing, 506
 rows), each guide with its documented defaults reaches a held-out log-likelihood within 0.1
-nats per point of MC dropout's.
+nats per point of MC dropout's (also with its defaults: the model's inputs kept, issue 39).
 
 Recipe (the one the README and the "Bring your own model" page show): standardised inputs and
 targets, ``BayesianMLP(d, 1, hidden=(50,))`` (learned noise, ``Normal(0, 1)`` prior), each guide
-with its default arguments, ``fit(..., num_steps=1000, lr=1e-2)`` on the whole training set;
+with its default arguments, ``fit(..., num_steps=1000)`` with ``fit``'s default learning rate
+(1e-2 since issue 39; the recipe's value before) on the whole training set;
 three random 80/20 splits per data set; the mean over splits is compared. (Before variational
 dropout's variance was made exactly σ², its held-out log-likelihood here trailed MC dropout's
 by 0.14-0.6 nats per point.)
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from pyro_dropout import (
+    AutoConcreteDropout,
     AutoDropout,
     AutoMeanField,
     AutoVariationalDropout,
@@ -26,7 +28,12 @@ from pyro_dropout import (
 
 pytestmark = pytest.mark.slow
 
-GUIDES = {"dropout": AutoDropout, "mean_field": AutoMeanField, "vd": AutoVariationalDropout}
+GUIDES = {
+    "dropout": AutoDropout,
+    "mean_field": AutoMeanField,
+    "vd": AutoVariationalDropout,
+    "concrete": AutoConcreteDropout,
+}
 SPLITS = 3
 MARGIN = 0.1
 
@@ -53,7 +60,7 @@ def _held_out_ll(x, y, split, make_guide):
     y_tr, y_te = (y[tr] - my) / sy, (y[te] - my) / sy
     model = BayesianMLP(x.shape[1], 1, hidden=(50,))
     guide = make_guide(model)
-    fit(model, guide, x_tr, y_tr, num_steps=1000, lr=1e-2, progress=False, seed=split, jit=True)
+    fit(model, guide, x_tr, y_tr, num_steps=1000, progress=False, seed=split, jit=True)
     pred = predict(model, guide, x_te, num_samples=200, seed=0)
     return float(pred.log_likelihood(y_te).mean())
 
@@ -67,5 +74,5 @@ def test_every_guide_is_within_a_tenth_of_a_nat_of_mc_dropout(name):
         for g, make in GUIDES.items()
     }
     print(name, {g: round(v, 3) for g, v in scores.items()})
-    for g in ("mean_field", "vd"):
+    for g in ("mean_field", "vd", "concrete"):
         assert scores[g] > scores["dropout"] - MARGIN, (name, scores)

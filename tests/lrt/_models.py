@@ -22,7 +22,7 @@ def regression_data(n, d=3, out=1, seed=0, noise=0.1):
 #: name -> guide factory; scales large enough that the estimators are genuinely noisy.
 GUIDES = {
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.1),
-    "dropout": lambda m: AutoDropout(m, dropout_rate=0.3, scale=0.05),
+    "dropout": lambda m: AutoDropout(m, dropout_rate=0.3, input_dropout_rate=0.3, scale=0.05),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-2.0),
     "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=0.3, scale=0.05),
 }

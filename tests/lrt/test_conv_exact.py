@@ -83,7 +83,7 @@ def _convnet_probs(guide_name, estimator):
     y = torch.randint(0, 3, (4,), generator=g)
     guide = {
         "mean_field": lambda m: AutoMeanField(m, init_scale=0.3),
-        "dropout": lambda m: AutoDropout(m, dropout_rate=0.4, scale=0.05),
+        "dropout": lambda m: AutoDropout(m, dropout_rate=0.4, input_dropout_rate=0.4, scale=0.05),
         "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-1.0),
     }[guide_name](model)
     guide(x, y)

@@ -67,7 +67,7 @@ class RecordRand(TorchFunctionMode):
 def _setup(sigma):
     x, y = regression_data(N, d=D, seed=1)
     model = BayesianMLP(D, 1, hidden=(H,), tau=TAU, prior=1.0 / LENGTH_SCALE)
-    guide = AutoDropout(model, dropout_rate=P, scale=sigma)
+    guide = AutoDropout(model, dropout_rate=P, input_dropout_rate=P, scale=sigma)
     guide(x, y)
     params = {}
     g = torch.Generator().manual_seed(3)

@@ -41,7 +41,7 @@ def test_lrt_dropout_grouped_conv():
     add ``if spec.groups > 1: keep = keep.repeat((1,) * (keep.dim() - 1) + (spec.groups,))``
     (``test_lrt_moments.py::test_lrt_moments_grouped_conv_dropout`` checks the moments)."""
     conv = BayesianConv2d(4, 4, kernel_size=3, padding=1, groups=2)
-    guide = AutoDropout(conv, dropout_rate=0.3)
+    guide = AutoDropout(conv, dropout_rate=0.3, input_dropout_rate=0.3)
     x = torch.randn(2, 4, 5, 5)
     guide(x)
     with local_reparameterization():

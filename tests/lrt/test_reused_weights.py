@@ -96,7 +96,7 @@ def _reuse_warnings(record):
 
 #: Guides with a real spread (the defaults' is tiny, and so would be any difference).
 WIDE = [
-    (AutoDropout, {"dropout_rate": 0.5}),
+    (AutoDropout, {"dropout_rate": 0.5, "input_dropout_rate": 0.5}),
     (AutoMeanField, {"init_scale": 0.3}),
     (AutoVariationalDropout, {"init_log_alpha": 0.0}),
 ]
@@ -152,7 +152,7 @@ def _run(model, guide, x, y):
 
 def test_one_warning_per_reused_site_that_says_what_happens():
     x, y = _data(layer_twice)
-    guide = _guide(AutoDropout, layer_twice, x, y)
+    guide = _guide(AutoDropout, layer_twice, x, y, input_dropout_rate=0.5)
     with pytest.warns(LocalReparameterizationWarning) as record:
         with local_reparameterization(), torch.no_grad():
             for _ in range(3):
@@ -215,7 +215,7 @@ def test_a_guide_that_does_not_announce_is_exact_from_the_run_after_the_second_u
 
 def test_weight_draws_neither_warn_nor_change():
     x, y = _data(tied_autoencoder)
-    guide = _guide(AutoDropout, tied_autoencoder, x, y)
+    guide = _guide(AutoDropout, tied_autoencoder, x, y, input_dropout_rate=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with weight_draws(), torch.no_grad():
@@ -226,7 +226,7 @@ def test_compiled_fit_on_a_tied_model_warns_once_and_stays_compiled():
     """fit compiles the loss (JitMeanFieldELBO): the decision is made before the first trace
     (announced by the guide), so the graph is stable and the warning comes once."""
     x, y = _data(tied_autoencoder)
-    guide = AutoDropout(tied_autoencoder)
+    guide = AutoDropout(tied_autoencoder, input_dropout_rate=0.1)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fit(tied_autoencoder, guide, x, y, num_steps=4, jit=True, progress=False)

@@ -50,7 +50,7 @@ OPS = {
 }
 GUIDES = {
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.3),
-    "dropout": lambda m: AutoDropout(m, dropout_rate=0.4, scale=0.1),
+    "dropout": lambda m: AutoDropout(m, dropout_rate=0.4, input_dropout_rate=0.4, scale=0.1),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-0.5),
 }
 

@@ -60,7 +60,7 @@ def make_model(use="x @ w"):
 
 
 GUIDES = {
-    "dropout": lambda m: AutoDropout(m, dropout_rate=P, scale=SIGMA),
+    "dropout": lambda m: AutoDropout(m, dropout_rate=P, input_dropout_rate=P, scale=SIGMA),
     "concrete": lambda m: AutoConcreteDropout(m, init_rate=P, scale=SIGMA, rate_per="unit"),
     "vd": lambda m: AutoVariationalDropout(m, alpha="weight", init_log_alpha=-1.0),
 }
