@@ -179,7 +179,7 @@ FIXES = {
     "TyXe": "TyXe 0.0.2 calls `pyro.util.deep_getattr`, which Pyro 1.9 no longer has (its "
     "`AutoNormal.get_loc`/`get_scale`, used by `fit`): one alias restores Pyro's old one-line "
     "definition, `pyro.util.deep_getattr = lambda obj, name: functools.reduce(getattr, "
-    'name.split("."), obj)` (`_tyxe()` below).',
+    'name.split("."), obj)` (`_tyxe()` in `benchmarks/peers.py`).',
     "torchvision": "bayesian-torch, TyXe and laplace-torch each require torchvision; the one "
     "pip installs next to the CPU torch wheel is built for CUDA torch and fails on import "
     "(`RuntimeError: operator torchvision::nms does not exist`, raised through torchmetrics "
@@ -613,7 +613,7 @@ def _f(v, nd=2):
 
 def tables(report):
     """The Markdown tables (printed, and the body of the page)."""
-    lines = []
+    lines = summary(report)
     for res in report["uci"]:
         lines += [f"### {res['dataset']} ({res['splits']} split(s))", ""]
         lines += ["| method | test LL | RMSE | LL − AutoDropout (paired) | fit (s) |",
@@ -647,9 +647,37 @@ def tables(report):
             lines.append(f"| {lab} | " + " | ".join(cells) + " |")
         base = " | ".join(f"{report['steps'][w]['median_ms'][BASELINE]:.2f} ms" for w in ws)
         lines += [f"| {BASELINE} (the unit) | {base} |", ""]
-    lines += ["### Lines of user code for the same fit", "", "| code | lines |", "| --- | --- |"]
+    lines += ["### Lines of user code for the same fit", ""]
+    lines += ["Logical lines (a statement over several lines counts once; imports, data loading "
+              "and scoring left out) between `# user code` and `# end user code` in each "
+              "adapter of `benchmarks/peers.py`: model, guide or conversion, training, "
+              "predictive draws.", ""]  # fmt: skip
+    lines += ["| code | lines |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in report["user_lines"].items()]
     return "\n".join(lines)
+
+
+def summary(report):
+    """One table: each method's test LL per dataset (± SE), the best LL of each set in bold."""
+    sets = [r["dataset"] for r in report["uci"]]
+    if not sets:
+        return []
+    rows = {}
+    for res in report["uci"]:
+        ok = [r for r in res["rows"] if "error" not in r]
+        best = max((r["ll"] for r in ok), default=None)
+        for r in res["rows"]:
+            if "error" in r:
+                cell = "failed"
+            else:
+                cell = f"{r['ll']:.2f} ± {_f(r['ll_se'])}"
+                cell = f"**{cell}**" if r["ll"] == best else cell
+            rows.setdefault(r["method"], {})[res["dataset"]] = cell
+    lines = ["### Test LL at a glance (higher is better; best per set in bold)", ""]
+    lines += ["| method | " + " | ".join(sets) + " |", "| --- |" + " --- |" * len(sets)]
+    for m, cells in rows.items():
+        lines.append(f"| {m} | " + " | ".join(cells.get(d, "–") for d in sets) + " |")
+    return [*lines, ""]
 
 
 def _wdesc(s):
@@ -686,14 +714,21 @@ def page(report, command):
         f"{cfg['p']} for the dropout methods. LL: mean per-point test log-likelihood on the "
         "original scale, ± its standard error over the test points; RMSE ± its delta-method "
         "SE; the paired column is the mean per-point LL difference against AutoDropout on "
-        "the same test points.",
+        "the same test points. `fit (s)` is wall time on a shared, loaded machine (a "
+        "rough guide only; the step table is the timing comparison). The budget: "
+        f"{cfg['epochs']} epochs and {cfg['splits']} split(s) per set, so that the whole run "
+        "fits a few CPU minutes on two shared cores; more splits and epochs (`--splits`, "
+        "`--epochs 400`) tighten the SEs and favour the slower-converging mean-field fits.",
         "",
     ]
     if meta["not_run"]:
         head += ["Not run (import failed):", ""]
         head += [f"- {k}: `{e}`" for k, e in meta["not_run"].items()]
         head.append("")
-    return "\n".join(head) + "\n## Results\n\n" + tables(report) + "\n" + NOTES
+    fixes = ["", "## What the peers needed to run", ""]
+    fixes += [f"- **{k}**: {v}" for k, v in meta.get("fixes", {}).items()]
+    body = "\n".join(head) + "\n## Results\n\n" + tables(report) + "\n" + NOTES
+    return body + "\n".join(fixes) + "\n" + INSTALL
 
 
 NOTES = """
@@ -719,6 +754,27 @@ NOTES = """
   Kronecker-factored GGN), `optimize_prior_precision(method="marglik")`, and the GLM
   predictive in closed form (so no predictive draws). It has no training step of its own
   (its step is a plain network's), so it has no row in the step table.
+"""
+
+
+INSTALL = """
+## Running it again
+
+The peers are not dependencies of the project; they go in an environment of their own (the
+CPU torch wheel, then this checkout and the peers from PyPI), and the run goes from the
+repository root:
+
+```bash
+python3.11 -m venv venv-peers
+venv-peers/bin/pip install torch==2.13.0
+venv-peers/bin/pip install -c <(echo torch==2.13.0) -e . tyxe bayesian-torch laplace-torch
+venv-peers/bin/pip uninstall -y torchvision   # see above
+OMP_NUM_THREADS=1 venv-peers/bin/python -m benchmarks.peers --out docs/benchmarks --epochs 40
+```
+
+`--quick` is a seconds-long smoke run (`tests/bench/test_peers_quick.py` runs it for our
+side, and for each peer that is installed); `--report-only --out DIR` writes the page again
+from `DIR/peers.json`; `--splits K` and `--datasets` widen or narrow the run.
 """
 
 
