@@ -211,10 +211,8 @@ _OPTIM_PRIVATE = {
 #: scan must find, no more, no less. Lazy: imported on first use, not by ``import pyro_dropout``.
 EXPECTED = {
     "_trace.py": {"torch._C"},  # guarded: tracing() is False where the tracer is gone
-    "infer/adam_plan.py": {"_fused_adam", "optimizer internals"},
     "infer/compiled.py": {"torch.jit"},  # guarded getattr: optimized_execution or none
     "infer/graph_passes.py": {"torch._C"},  # lazy (through traced)
-    "infer/optim.py": {"_init_group", "optimizer internals"},
     "infer/traced.py": {"torch._C", "torch.jit"},  # lazy; checked by unavailable()
     "nn/guided_value.py": {"torch._C"},  # DisableTorchFunctionSubclass: not TorchScript
 }
