@@ -1,6 +1,8 @@
 """``FusedOptim``: Pyro's per-parameter update with one torch optimiser, Pyro's step
 semantics (only the step's parameters move), state round trip and argument errors."""
 
+import inspect
+
 import pyro
 import pytest
 import torch
@@ -142,6 +144,9 @@ def test_step_hooks_run_every_step():
     assert calls == [2, 2]
 
 
+_ADAM_ARGS = set(inspect.signature(torch.optim.Adam).parameters)
+
+
 def _grads(params, step):
     for p in params:
         p.grad = torch.sin(p.detach() * (step + 1)) + 0.1
@@ -150,6 +155,8 @@ def _grads(params, step):
 def _fused_vs_adam(args, steps, dtype=torch.float32, schedule=None, between=None):
     """Parameters and optimiser state after ``steps`` steps of ``FusedOptim`` and of
     ``torch.optim.Adam(fused=True)`` itself."""
+    if "decoupled_weight_decay" in args and "decoupled_weight_decay" not in _ADAM_ARGS:
+        pytest.skip("this torch's Adam has no decoupled_weight_decay")
     results = []
     for ours in (True, False):
         torch.manual_seed(0)
@@ -158,7 +165,9 @@ def _fused_vs_adam(args, steps, dtype=torch.float32, schedule=None, between=None
         if ours:
             fused = FusedOptim(torch.optim.Adam, dict(args))
             fused(params)  # creates the optimiser (first step below replaces this one's grads)
-        opt = fused.optimizer if ours else torch.optim.Adam(params, **{"fused": True, **args})
+        # the reference: torch's Adam with the flags FusedOptim chose (fused=True, or foreach
+        # where this torch has no fused kernel for the CPU: before torch 2.4)
+        opt = fused.optimizer if ours else torch.optim.Adam(params, **fused.pt_optim_args)
         sched = schedule(opt) if schedule else None
         for step in range(steps):
             _grads(params, step)
