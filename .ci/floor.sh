@@ -7,8 +7,8 @@
 # machine (without them `import torch` fails: libcublas not found). torch 2.1.2 for cp311 is a
 # 670 MB wheel plus ~2.0 GB of nvidia-* and triton wheels; measured here (2026-11-28, a host
 # under load 14-18): 12 min 46 s to download and install them, a 4.7 GB venv, then 4 min for
-# the project's own dependencies, and the subset below ~5 min. PIP_CACHE_DIR keeps repeat runs
-# off the network. At 2.1.2 the subset passes (42 tests, one skipped: Adam's
+# the project's own dependencies, and the subset below ~9 min. PIP_CACHE_DIR keeps repeat runs
+# off the network. At 2.1.2 the subset passes (108 tests, one skipped: Adam's
 # decoupled_weight_decay is newer); CPU fused Adam arrived in torch 2.4, before which
 # FusedOptim uses foreach.
 set -euo pipefail
@@ -33,11 +33,13 @@ print(f"torch {torch.__version__}, numpy {numpy.__version__}, pyro {pyro.__versi
 PY
 echo "=== [floor] installed in $((SECONDS - start)) s"
 
-# The fast subset, the files run at 2.1.2 so far: fit's compiled path (trace, CompiledSVI), the
-# optimiser, and the durability checks of issue 38. Widen it as more files are run there.
+# The fast subset, the files run at 2.1.2 so far: fit (compiled path, CompiledSVI, arguments),
+# predict, the optimiser, and the durability checks of issue 38. Widen it as more files are run there.
 OMP_NUM_THREADS=1 "$py" -m pytest -q -m "not slow" -p no:cacheprovider \
   tests/infer/test_durable.py \
   tests/infer/test_fused_optim.py \
   tests/infer/test_compiled_svi.py \
-  tests/infer/test_jit_elbo.py
+  tests/infer/test_jit_elbo.py \
+  tests/infer/test_fit.py \
+  tests/infer/test_predict.py
 echo "=== [floor] passed in $((SECONDS - start)) s"
