@@ -2,7 +2,7 @@
 
 import torch
 
-__all__ = ["RANDOM_KINDS", "known_zero", "traced_constant"]
+__all__ = ["RANDOM_KINDS", "known_zero", "traced_constant", "tracing"]
 
 #: Substrings of the kinds of TorchScript nodes that draw random numbers: such a value is not a
 #: constant, and such a node must not be moved (the random stream's order).
@@ -16,6 +16,13 @@ RANDOM_KINDS = (
     "exponential",
     "dropout",
 )
+
+
+def tracing():
+    """Whether a TorchScript trace is being recorded (``False`` in a torch without
+    TorchScript's tracer: then none can be)."""
+    state = getattr(torch._C, "_get_tracing_state", None)
+    return state is not None and state() is not None
 
 
 def traced_constant(t):
@@ -46,7 +53,7 @@ def known_zero(t):
     outside a trace, where reading it would synchronise every step)."""
     if t.requires_grad:
         return False
-    if torch.jit.is_tracing():
+    if tracing():
         if not traced_constant(t):
             return False
         state = torch._C._get_tracing_state()

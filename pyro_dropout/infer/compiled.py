@@ -5,8 +5,14 @@ speed benchmark's W1 network (8-50-1, batch 32, one CPU thread, torch 2.13), ``t
 of the loss took 47 s to compile and split it into 21 graphs (Dynamo breaks on Pyro's effect
 handlers: ``TypedDict`` messages, ``.item()``), while a trace takes well under a second and runs
 a step in one graph (``docs/benchmarks/speed.md``).
+
+TorchScript is deprecated upstream, and the trace goes through its internals
+(:mod:`pyro_dropout.infer.traced`). So this module touches no TorchScript API when imported:
+``traced`` is imported on the first trace, and where this torch lacks what it needs, the loss
+runs eagerly with one :class:`CompilationWarning` (``tests/infer/test_durable.py``).
 """
 
+import contextlib
 import sys
 import warnings
 import weakref
@@ -19,7 +25,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.util import warn_if_nan
 
 from ..handlers.lrt_messenger import _user_stacklevel
-from . import traced
+from .compile_warning import CompilationWarning
 from .mean_field_elbo import MeanFieldELBO
 
 __all__ = ["CompilationWarning", "JitMeanFieldELBO"]
@@ -28,9 +34,9 @@ __all__ = ["CompilationWarning", "JitMeanFieldELBO"]
 #: shape changes at (nearly) every step would pay a trace each time.
 MAX_SIGNATURES = 16
 
-
-class CompilationWarning(UserWarning):
-    """The loss could not be compiled (or its trace depends on the data) and runs eagerly."""
+#: What running eagerly costs, for the warning: fit's eager step against its compiled step on
+#: the speed page's W1 workload (8-50-1, batch 32; ``docs/benchmarks/speed.md`` at 790d6bc).
+EAGER_COST = "steps 3.7-5.5x slower on small networks (the speed page's W1 workload)"
 
 
 class _Eager(Exception):
@@ -142,6 +148,8 @@ class JitMeanFieldELBO(MeanFieldELBO):
         def loss(*args, **kwargs):
             return method(weakself(), model, guide, *args, **kwargs)
 
+        from . import traced  # lazy: TorchScript is touched only when a loss is compiled
+
         return traced.trace(
             loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
         )
@@ -162,6 +170,14 @@ class JitMeanFieldELBO(MeanFieldELBO):
                 "pad or drop the last minibatch to keep one shape"
             )
         calls = 0 if entry is None else entry[1]
+        if entry is None:
+            from . import traced
+
+            missing = traced.unavailable()
+            if missing is not None:  # checked first: a failed trace would say less
+                if not self.fallback:
+                    raise RuntimeError(f"JitMeanFieldELBO: {missing}; use jit=False")
+                raise _Eager(missing)
         if calls < 2:  # trace (again): the second trace checks the first
             fn = self._trace(model, guide, terms)
             try:
@@ -200,7 +216,9 @@ class JitMeanFieldELBO(MeanFieldELBO):
         # symbolic gradients can also be less accurate (softplus: see graph_passes). On a GPU it
         # can fuse.
         optimize = bool(_cuda_devices(args, kwargs))
-        with warnings.catch_warnings(), torch.jit.optimized_execution(optimize):
+        executor = getattr(torch.jit, "optimized_execution", None)  # gone with TorchScript
+        mode = executor(optimize) if executor is not None else contextlib.nullcontext()
+        with warnings.catch_warnings(), mode:
             warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
             return fn(*args, **kwargs)
 
@@ -209,7 +227,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
         self._compiled.clear()
         warnings.warn(
             f"pyro_dropout: the loss is not compiled ({reason}); training continues eagerly: the "
-            "same loss, slower steps. Pass jit=False to train eagerly without this warning.",
+            f"same loss, {EAGER_COST}. Pass jit=False to train eagerly without this warning.",
             CompilationWarning,
             stacklevel=_user_stacklevel(sys._getframe()),  # the user's fit or SVI.step line
         )

@@ -26,7 +26,17 @@ import torch
 
 from .._trace import RANDOM_KINDS
 
-__all__ = ["count_ops", "simplify"]
+__all__ = ["PASSES", "count_ops", "simplify"]
+
+#: TorchScript's own passes that :func:`simplify` runs (``torch._C`` functions: internals,
+#: looked up by ``traced.unavailable`` before a trace).
+PASSES = (
+    "_jit_pass_peephole",
+    "_jit_pass_constant_propagation",
+    "_jit_pass_dce",
+    "_jit_pass_constant_pooling",
+    "_jit_pass_cse",
+)
 
 #: Ops that return their input (or an alias of it with the same shape and strides) when the
 #: result's complete type equals the input's.

@@ -24,6 +24,8 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 from torch.distributions import kl_divergence
 
+from .._trace import tracing
+
 __all__ = ["MeanFieldELBO"]
 
 
@@ -104,7 +106,7 @@ class MeanFieldELBO(TraceMeanField_ELBO):
             data, kl = self._elbo_terms_particle(model_trace, guide_trace)
             loss = loss + (kl - data) / self.num_particles
         loss = torch.as_tensor(loss)
-        if not torch._C._get_tracing_state():  # a traced bool would be baked in, see above
+        if not tracing():  # a traced bool would be baked in, see above
             warn_if_nan(loss, "loss")
         return loss
 

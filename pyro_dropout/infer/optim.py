@@ -5,8 +5,15 @@ and steps them one by one. A Bayesian network's guide has several tensors per la
 scales, α's, biases), so on a small network the optimiser loop costs more than the
 arithmetic (measured at the 8-50-1 speed workload: ~0.5 ms of a 1.2 ms step). :class:`FusedOptim`
 keeps a single optimiser whose parameter list grows as SVI meets new parameters, and uses
-torch's fused kernel (or else its multi-tensor ``foreach`` update) where the optimiser has one. Element-wise optimisers
-(Adam, SGD, …) compute exactly the same update as Pyro's per-parameter ones.
+torch's fused kernel (or else its multi-tensor ``foreach`` update) where the optimiser has
+one. Element-wise optimisers (Adam, SGD, …) compute exactly the same update as Pyro's
+per-parameter ones. Only public ``torch.optim`` API: each step is ``optimizer.step()``
+(a steady state calling ``torch._fused_adam_`` on cached lists, and ``Adam.step`` without its
+wrapper, are gone: private internals whose change would break ``fit``. They bought 9–11 % of
+fit's W1 step on the speed page; an A/B in one process here, 5 interleaved rounds, found
+``Adam(fused=True).step()`` 1.13× (AutoDropout) and 1.02× (mean-field) the private route's step
+time, per-round spreads 0.76–1.42 and 0.83–1.10 on a loaded host; ``foreach=True`` 1.34× and
+1.47×: ``docs/benchmarks/speed.md``).
 """
 
 import inspect
@@ -17,8 +24,6 @@ import pyro
 import torch
 from pyro.optim import PyroOptim
 from torch.nn.utils import clip_grad_norm_, clip_grad_value_
-
-from .adam_plan import AdamPlan, no_step_hooks
 
 __all__ = ["FusedOptim", "fused_adam"]
 
@@ -67,14 +72,9 @@ class FusedOptim(PyroOptim):
         self.optimizer = None
         self._members = set()
         self._pending_state = None
-        self._plan = None  # AdamPlan: the steady state's update, where it applies
 
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(params)
-        plain = not (args or kwargs or self.pt_clip_args)
-        plan = self._plan
-        if plain and plan is not None and plan.matches(self.optimizer, params) and plan.step():
-            return
         new = [p for p in params if p not in self._members]
         if new:
             store = pyro.get_param_store()
@@ -95,14 +95,10 @@ class FusedOptim(PyroOptim):
         for p, _ in hidden:
             p.grad = None
         try:
-            if args or kwargs or not _lean_adam_step(self.optimizer):
-                self.optimizer.step(*args, **kwargs)
+            self.optimizer.step(*args, **kwargs)
         finally:
             for p, grad in hidden:
                 p.grad = grad
-        # After the first steps the same parameters step each time: the next steps can run as
-        # one fused call (AdamPlan; None where it does not apply).
-        self._plan = AdamPlan.build(self.optimizer, params) if plain else None
 
     def _construct(self, params):
         try:
@@ -139,7 +135,6 @@ class FusedOptim(PyroOptim):
         state = self._pending_state
         if state is None:
             return
-        self._plan = None
         names = self._names()
         if sorted(names) != sorted(state["param_names"]):
             return  # not all parameters met yet
@@ -151,79 +146,6 @@ class FusedOptim(PyroOptim):
             self.optimizer = self._construct(params)
         self.optimizer.load_state_dict(state["state_dict"])
         self._pending_state = None
-
-
-#: What ``torch.optim.Adam.step`` passes to the functional ``torch.optim.adam.adam`` (torch
-#: 2.13/2.14); :func:`_lean_adam_step` runs only where the installed function takes them all.
-_ADAM_KWARGS = frozenset(
-    {
-        "amsgrad", "has_complex", "beta1", "beta2", "lr", "weight_decay", "eps", "maximize",
-        "foreach", "capturable", "differentiable", "fused", "grad_scale", "found_inf",
-        "decoupled_weight_decay",
-    }
-)  # fmt: skip
-
-
-def _adam_functional():
-    try:
-        from torch.optim.adam import adam as fn
-    except ImportError:
-        return None
-    try:
-        accepted = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return fn if _ADAM_KWARGS <= accepted else None
-
-
-_ADAM = _adam_functional()
-
-
-def _lean_adam_step(opt):
-    """``torch.optim.Adam.step()`` without its wrapper: the body of ``Adam.step`` (torch 2.13),
-    run under ``no_grad`` as the wrapper does, where no step hooks are registered. Returns
-    ``False`` (nothing done) for any other optimiser, or where hooks, a differentiable or
-    capturable group, or another torch's ``adam`` signature rule it out.
-
-    Why: on small networks the wrapper (hooks, profiler record, grad-mode switch) costs as
-    much as the fused update: measured at the speed benchmark's W1 workload, ~0.1 ms of a
-    0.8 ms step. The same update, bit for bit (``tests/infer/test_fused_optim.py``)."""
-    if type(opt) is not torch.optim.Adam or _ADAM is None or not no_step_hooks(opt):
-        return False
-    if any(g["differentiable"] or g["capturable"] for g in opt.param_groups):
-        return False
-    with torch.no_grad():
-        for group in opt.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
-            beta1, beta2 = group["betas"]
-            has_complex = opt._init_group(
-                group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
-            )
-            _ADAM(
-                params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
-                max_exp_avg_sqs,
-                steps,
-                amsgrad=group["amsgrad"],
-                has_complex=has_complex,
-                beta1=beta1,
-                beta2=beta2,
-                lr=group["lr"],
-                weight_decay=group["weight_decay"],
-                eps=group["eps"],
-                maximize=group["maximize"],
-                foreach=group["foreach"],
-                capturable=group["capturable"],
-                differentiable=group["differentiable"],
-                fused=group["fused"],
-                grad_scale=getattr(opt, "grad_scale", None),
-                found_inf=getattr(opt, "found_inf", None),
-                decoupled_weight_decay=group["decoupled_weight_decay"],
-            )
-    opt._opt_called = True  # what the wrapper records for learning-rate schedulers
-    return True
 
 
 def _name(store, p):

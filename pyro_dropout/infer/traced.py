@@ -8,8 +8,15 @@ modules it ignores the one it is given (torch 2.13/2.14: ``TracedModule`` re-cre
 in the global unit). Here the same parameter plumbing as Pyro's
 :class:`~pyro.ops.jit.CompiledFunction` records the trace as the ``forward`` method of a script
 module that owns a compilation unit of its own (what ``torch.jit.trace`` does inside, with the
-global unit), so the graph goes when the compiled function is dropped. Where that internal API
-is missing (another torch), it falls back to ``torch.jit.trace`` and says so once.
+global unit), so the graph goes when the compiled function is dropped.
+
+These are TorchScript internals, and TorchScript is deprecated upstream. This module is
+imported only when a loss is compiled (never by ``import pyro_dropout``), and what it needs is
+looked up before each first trace (:func:`unavailable`), so another torch degrades in steps,
+each with one warning: without the internals (or where one has another signature), the
+public ``torch.jit.trace`` (``check_trace=False``, as Pyro traces; the graph unsimplified and
+kept for the life of the process); without that too, the loss runs eagerly
+(:mod:`pyro_dropout.infer.compiled`). ``tests/infer/test_durable.py`` removes each in turn.
 """
 
 import warnings
@@ -20,11 +27,39 @@ import pyro.poutine as poutine
 import torch
 from pyro.ops.jit import CompiledFunction, _hashable_args_kwargs
 from pyro.util import ignore_jit_warnings
-from torch.jit._trace import _create_interpreter_name_lookup_fn
 
 from . import graph_passes
+from .compile_warning import CompilationWarning
 
-__all__ = ["OwnedCompiledFunction", "trace"]
+__all__ = ["OwnedCompiledFunction", "trace", "unavailable"]
+
+
+def _name_lookup():
+    """TorchScript's name-lookup function for a trace, or ``None`` where this torch lacks it."""
+    try:
+        from torch.jit._trace import _create_interpreter_name_lookup_fn
+    except ImportError:
+        return None
+    return _create_interpreter_name_lookup_fn
+
+
+def _missing_internals():
+    """The TorchScript internals :class:`_OwnedTrace` uses that this torch lacks (names)."""
+    c = torch._C
+    missing = [f"torch._C.{n}" for n in ("ScriptModule", "CompilationUnit") if not hasattr(c, n)]
+    if hasattr(c, "ScriptModule") and not hasattr(c.ScriptModule, "_create_method_from_trace"):
+        missing.append("ScriptModule._create_method_from_trace")
+    if _name_lookup() is None:
+        missing.append("torch.jit._trace._create_interpreter_name_lookup_fn")
+    missing += [f"torch._C.{n}" for n in graph_passes.PASSES if not hasattr(c, n)]
+    return missing
+
+
+def unavailable():
+    """Why no loss can be traced in this torch (a sentence), or ``None`` where one can."""
+    if _missing_internals() and not callable(getattr(torch.jit, "trace", None)):
+        return "this torch has no TorchScript tracer (torch.jit.trace nor its internals)"
+    return None
 
 
 class _OwnedTrace:
@@ -42,7 +77,7 @@ class _OwnedTrace:
             "forward",
             fn,
             tuple(example_inputs),
-            _create_interpreter_name_lookup_fn(0),
+            _name_lookup()(0),
             False,  # strict: outputs may be tuples of tensors
             False,  # _force_outplace
             names,
@@ -64,18 +99,28 @@ def _trace_owned(fn, example_inputs, jit_options):
     """``torch.jit.trace(fn, example_inputs)``, in a compilation unit of its own where torch
     allows it (see the module docs)."""
     global _fallback_warned
-    if not jit_options:
+    if jit_options:  # the caller's own tracer options: the public tracer takes them
+        return torch.jit.trace(fn, example_inputs, **jit_options)
+    missing = _missing_internals()
+    if not missing:
         try:
             return _OwnedTrace(fn, example_inputs)
-        except (AttributeError, TypeError) as err:  # torch without this internal API
-            if not _fallback_warned:
-                _fallback_warned = True
-                warnings.warn(
-                    f"pyro_dropout: traces stay in TorchScript's global compilation unit ({err})",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-    return torch.jit.trace(fn, example_inputs, **jit_options)
+        except (AttributeError, TypeError) as err:  # an internal gone or with another signature
+            missing = [f"{type(err).__name__}: {err}"]  # (a model's own error recurs below)
+    # check_trace=False as Pyro traces: a check would re-run the loss and compare random draws.
+    out = torch.jit.trace(fn, example_inputs, check_trace=False)
+    if not _fallback_warned:  # only once it worked: a failure is the eager warning's to say
+        _fallback_warned = True
+        warnings.warn(
+            f"pyro_dropout: this torch lacks TorchScript internals the compiled loss uses "
+            f"({', '.join(missing)}); compiling with the public torch.jit.trace instead: the "
+            "graph is not simplified (slower steps) and stays in TorchScript's global "
+            "compilation unit for the life of the process (~44 MB per fit of a 20-200-200-1 "
+            "network)",
+            CompilationWarning,
+            stacklevel=3,
+        )
+    return out
 
 
 _fallback_warned = False

@@ -241,8 +241,8 @@ def test_uci_command_line_runs_on_the_device(tmp_path):
 
 
 def test_fused_optim_steady_state_is_fused_adam_on_the_device():
-    """``FusedOptim``'s steady-state step (``AdamPlan``: one fused call, step counters views of
-    one tensor on the device) gives what ``torch.optim.Adam(fused=True)`` gives there."""
+    """``FusedOptim``'s steady-state step gives what ``torch.optim.Adam(fused=True)`` gives
+    on the device."""
     from pyro_dropout.infer import FusedOptim
 
     results = []
@@ -256,7 +256,6 @@ def test_fused_optim_steady_state_is_fused_adam_on_the_device():
                 p.grad = torch.sin(p.detach() * (step + 1))
             fused(params) if ours else opt.step()
         if ours:
-            assert fused._plan is not None
             opt = fused.optimizer
         assert all(_on_cuda(opt.state[p]["step"]) for p in params)
         results.append([p.detach().cpu() for p in params])
