@@ -35,6 +35,8 @@ class AutoDropout(AutoWeightGuide):
         plate of G hyper-parameter configurations at dim -2).
     :param float scale: the slab standard deviation σ (fixed unless ``learn_scale``).
     :param bool learn_scale: learn a per-weight σ (softplus-parameterised) instead.
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     ``init_loc_fn`` gives initial posterior *means* :math:`E[W] = (1-p)M`.
 
@@ -60,6 +62,7 @@ class AutoDropout(AutoWeightGuide):
         learn_scale=False,
         init_loc_fn=init_to_fan_in,
         create_plates=None,
+        name=None,
     ):
         if torch.is_tensor(dropout_rate) and dropout_rate.numel() > 1:
             # A tensor of rates broadcast to each weight site's mask shape
@@ -76,7 +79,7 @@ class AutoDropout(AutoWeightGuide):
             dropout_rate = float(dropout_rate)
         if not is_positive(scale):
             raise ValueError(f"scale must be positive, got {scale}")
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
         self.dropout_rate = dropout_rate  # after Module.__init__: it may be a tensor
         self.scale = float(scale)
         self.learn_scale = bool(learn_scale)

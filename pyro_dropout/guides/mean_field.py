@@ -21,6 +21,8 @@ class AutoMeanField(AutoWeightGuide):
     :class:`~pyro_dropout.ImproperLogUniform` the registered VD approximation.
 
     :param float init_scale: initial posterior standard deviation of every weight.
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     Example::
 
@@ -31,11 +33,13 @@ class AutoMeanField(AutoWeightGuide):
 
     family = "mean_field"
 
-    def __init__(self, model, *, init_scale=0.01, init_loc_fn=init_to_fan_in, create_plates=None):
+    def __init__(
+        self, model, *, init_scale=0.01, init_loc_fn=init_to_fan_in, create_plates=None, name=None
+    ):
         if not is_positive(init_scale):
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.init_scale = float(init_scale)
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
 
     @property
     def config(self):
