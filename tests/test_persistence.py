@@ -183,6 +183,20 @@ def test_a_live_guide_keeps_its_parameters_from_a_second_one():
         AutoMeanField(model, name="mine")(x, y)
 
 
+def test_a_guide_whose_name_was_taken_after_the_store_was_cleared_refuses_to_run():
+    """Pyro would let the first guide adopt the second's parameters at its next use."""
+    x, y = _data()
+    model, first = _fitted(AutoMeanField, num_steps=5)
+    pyro.clear_param_store()
+    second = AutoMeanField(model)
+    second(x, y)  # the name is free in the store: the second takes it
+    assert second._pyro_name == first._pyro_name == "AutoMeanField"
+    with pytest.raises(RuntimeError, match="clear_param_store.*own name="):
+        first(x, y)
+    del second
+    first(x, y)  # the other is gone: the first takes its name back, with its own values
+
+
 @pytest.mark.parametrize("bad", ["", ".", 3])
 def test_name_must_be_a_non_empty_string(bad):
     with pytest.raises(ValueError, match="name must be a non-empty string"):
@@ -271,8 +285,11 @@ for cls in GUIDES:
     keep.append((model, guide))
 pyro.get_param_store().save(f"{out}/store.pt")
 torch.save(draws_before, f"{out}/before.pt")
-for model, guide in keep:  # last: on b220d6f the model did not pickle
-    torch.save({"model": model, "guide": guide}, f"{out}/{type(guide).__name__}.obj.pt")
+for model, guide in keep:  # last, and apart: on b220d6f the model did not pickle
+    try:
+        torch.save({"model": model, "guide": guide}, f"{out}/{type(guide).__name__}.obj.pt")
+    except Exception as e:
+        print(f"{type(guide).__name__}: {e!r}", file=sys.stderr)
 """
 
 _LOAD = """

@@ -2,6 +2,7 @@
 distribution is built from its parameters."""
 
 import json
+import weakref
 from contextlib import ExitStack
 
 import pyro
@@ -18,7 +19,7 @@ from torch.distributions import biject_to
 from ..distributions.empirical_bayes import EmpiricalBayesScale
 from ..handlers.weight_uses import WeightUses
 from .init import dist_dtype, init_to_fan_in
-from .store_names import StoreNames, claim_loaded, is_claimed, store_in_use
+from .store_names import StoreNames, claim, owns, store_in_use
 
 __all__ = ["AutoWeightGuide"]
 
@@ -79,7 +80,7 @@ class AutoWeightGuide(AutoGuide):
         # Armed during the set-up run only: records which sites the model consumes as weights
         # of linear/matmul/conv operations, and how often (see _build_from_prototype).
         self._use_probe = WeightUses(armed=False)
-        model = self._use_probe(InitMessenger(self._init_on_device)(model))
+        model = self._use_probe(InitMessenger(_InitOnDevice(self))(model))
         super().__init__(model, create_plates=create_plates)
         # The prefix of the parameters in Pyro's param store: the same in every process, so a
         # saved store loads. Final when the guide sets up (StoreNames), where a second live
@@ -136,9 +137,10 @@ class AutoWeightGuide(AutoGuide):
             self._store_names = None
 
     def _claim(self):
-        """A guide set up in another process (``torch.load``) or copied claims its names."""
-        if store_in_use() and not is_claimed(self):
-            claim_loaded(self)
+        """At each use: a guide that does not own its name in Pyro's param store (loaded with
+        ``torch.load``, copied, or its name taken after the store was cleared) claims it."""
+        if store_in_use() and not owns(self):
+            claim(self)
 
     def _reset_prototype(self):
         self.prototype_trace = None
@@ -324,6 +326,19 @@ class AutoWeightGuide(AutoGuide):
     def describe(self):
         """``{"family": ..., "config": ...}`` with ``config`` as a JSON string."""
         return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
+
+
+class _InitOnDevice:
+    """``guide._init_on_device`` through a weak reference. The guide holds its model, and the
+    model this init function: a bound method there would make a reference cycle, which keeps a
+    guide that nothing else references alive until the cycle collector runs, and a live guide
+    keeps its name in Pyro's param store from the next one (store_names)."""
+
+    def __init__(self, guide):
+        self.guide = weakref.ref(guide)
+
+    def __call__(self, site):
+        return self.guide()._init_on_device(site)
 
 
 def _empirical_bayes(fn):

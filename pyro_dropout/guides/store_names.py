@@ -9,9 +9,9 @@ second guide of one class in a session would silently start from (and then train
 parameters. So the name must be the same in every process (it is the class name, or the
 guide's ``name=``) while two live guides must never share one. When a guide sets up:
 
-* a live guide (one still referenced) already owns the name: a guide with an explicit
-  ``name=`` raises; a guide with the default name takes ``"<Class>_1"``, ``"<Class>_2"``, ...
-  and warns that this name depends on the session;
+* a live guide (one still referenced) holds the name and its parameters are in the store: a
+  guide with an explicit ``name=`` raises; a guide with the default name takes
+  ``"<Class>_1"``, ``"<Class>_2"``, ... and warns that this name depends on the session;
 * entries of its name left by an earlier guide of this process that is gone (e.g. a notebook
   cell run twice) are replaced: the new guide starts from its initialisation, as in a new
   process;
@@ -19,6 +19,13 @@ guide's ``name=``) while two live guides must never share one. When a guide sets
   exactly the names and shapes this guide creates; otherwise, or when there are none but the
   store holds this class's parameters under other default names (``"<Class>_1..."``), it
   raises, listing what it found and what it expected.
+
+Each name has one owner, the guide that last set up (or was used) under it. A guide used
+while another owns its name (it was loaded with ``torch.load`` or copied while the original is
+live, or ``pyro.clear_param_store()`` ran and a new guide took the name) raises instead of
+silently adopting the other's parameters; if the owner is gone, it takes the name back with its
+own values. Telling "gone" from "live" may need the cycle collector (``gc.collect()``), which
+runs only when there is such a conflict.
 
 With ``pyro.settings.set(module_local_params=True)`` each module keeps its own parameters and
 none of this applies.
@@ -31,13 +38,13 @@ import weakref
 
 import pyro
 
-__all__ = ["StoreNames", "claim_loaded", "is_claimed", "store_in_use"]
+__all__ = ["StoreNames", "claim", "owns", "store_in_use"]
 
 #: Param-store entries that a guide of this process created or used: full name -> the tensor.
 #: An entry whose tensor is still the one recorded here, and whose guide is gone, is a leftover.
 _MADE = weakref.WeakValueDictionary()
-#: Guides whose names are registered in this process (a copy or an unpickled guide is not).
-_CLAIMED = weakref.WeakSet()
+#: name -> (weak reference to) the guide that owns it in this process.
+_OWNER = {}
 
 _SHOW = 6  # names listed in a message
 
@@ -63,22 +70,32 @@ def _under(prefix, keys):
     return {k for k in keys if k.startswith(prefix + ".")}
 
 
-def _live_owners(prefix, guide, keys):
-    """Live guides other than ``guide`` named ``prefix`` with entries in the store now."""
+def _other_owner(name, guide):
+    """A weak reference to the live guide other than ``guide`` that owns ``name``, or None."""
+    ref = _OWNER.get(name)
+    if ref is None or ref() is None or ref() is guide:
+        return None
+    return ref
 
-    def owners():
-        return [
-            g
-            for g in list(_CLAIMED)
-            if g is not guide and g._pyro_name == prefix and keys & set(full_names(g))
-        ]
 
-    if not owners():
-        return []
-    # A guide that is no longer referenced may survive until the cycle collector runs (it
-    # holds its model, which holds a bound method of the guide): collect before deciding.
+def _still_alive(ref):
+    # A guide that is no longer referenced may survive until the cycle collector runs (the
+    # compiled loss holds it in a reference cycle): collect before deciding. No strong
+    # reference is held here while collecting.
     gc.collect()
-    return owners()
+    return ref() is not None
+
+
+def _taken(name, guide, params):
+    """Whether a live guide other than ``guide`` owns ``name`` with its parameters in the
+    store (one whose entries were cleared from the store gives the name up: it raises if it
+    is used again, see :func:`claim`)."""
+    ref = _other_owner(name, guide)
+    if ref is None:
+        return False
+    if not any(params.get(k) is t for k, t in full_names(ref()).items()):
+        return False
+    return _still_alive(ref)
 
 
 def _is_leftover(key, params):
@@ -91,17 +108,18 @@ def _listing(names):
     return shown + (f", ... ({len(names)} names)" if len(names) > _SHOW else "")
 
 
-def is_claimed(guide):
-    """Whether ``guide`` set up (or was first used) in this process."""
-    return guide in _CLAIMED
+def owns(guide):
+    """Whether ``guide`` owns its name in this process (checked at each use: cheap)."""
+    ref = _OWNER.get(guide._pyro_name)
+    return ref is not None and ref() is guide
 
 
 def register(guide):
-    """Record that ``guide`` owns its names and tensors in this process."""
+    """Record that ``guide`` owns its name and its tensors in this process."""
     params = dict(pyro.get_param_store().named_parameters())
     for key, p in full_names(guide).items():
         _MADE[key] = params.get(key, p)
-    _CLAIMED.add(guide)
+    _OWNER[guide._pyro_name] = weakref.ref(guide)
 
 
 class StoreNames:
@@ -116,9 +134,10 @@ class StoreNames:
         cls = type(guide).__name__
         store = pyro.get_param_store()
         keys = set(store.keys())
+        params = dict(store.named_parameters())
         base = requested if requested is not None else cls
         name, k = base, 0
-        while _live_owners(name, guide, keys):
+        while _taken(name, guide, params):
             if requested is not None:
                 raise ValueError(
                     f"{cls}(name={requested!r}): another live guide already stores its "
@@ -194,7 +213,7 @@ class StoreNames:
             candidates = {k for k in self.keys if pattern.match(k) and not _is_leftover(k, params)}
 
             def unclaimed():
-                live = {g._pyro_name for g in list(_CLAIMED) if g is not guide}
+                live = {n for n in list(_OWNER) if _other_owner(n, guide) is not None}
                 return {k for k in candidates if pattern.match(k).group(0)[:-1] not in live}
 
             others = unclaimed()
@@ -219,28 +238,33 @@ class StoreNames:
             pyro.get_param_store().set_state(self.saved)
 
 
-def claim_loaded(guide):
-    """First use in this process of a guide set up elsewhere (``torch.load``,
-    ``copy.deepcopy``): its own parameter values replace store entries of its names."""
+def claim(guide):
+    """Use of a guide that does not own its name: one set up elsewhere (``torch.load``,
+    ``copy.deepcopy``), or one whose name another guide took after ``pyro.clear_param_store()``.
+    If another live guide owns the name it raises; otherwise the guide's own values replace the
+    store's entries of its names (with a warning where they held other values, e.g. a loaded
+    store)."""
     cls, name = type(guide).__name__, guide._pyro_name
-    store = pyro.get_param_store()
-    own = full_names(guide)
-    if _live_owners(name, guide, set(store.keys()) & set(own)):
+    ref = _other_owner(name, guide)
+    if ref is not None and _still_alive(ref):
         raise RuntimeError(
-            f"this {cls} (name {name!r}) was loaded or copied, and a live guide already stores "
-            f"its parameters under {name!r} in Pyro's param store: the two would share (and "
-            "train) one set of parameters. Delete the other guide first (del guide), or load "
-            "this one's state_dict into a guide built with another name=."
+            f"{cls} (name {name!r}): another live guide now stores its parameters under "
+            f"{name!r} in Pyro's param store (this guide was loaded or copied while that one "
+            "is live, or pyro.clear_param_store() ran and that one set up after this one); "
+            "the two would share (and train) one set of parameters. Give each guide its own "
+            "name= (load a saved state_dict into a guide built with another name), or delete "
+            "the other guide first (del guide)."
         )
+    store = pyro.get_param_store()
     params = dict(store.named_parameters())
     replaced = []
-    for key, p in own.items():
+    for key, p in full_names(guide).items():
         if key in params and params[key] is not p:
             stored = params[key]
             same = stored.shape == p.shape and bool((stored.detach() == p.detach()).all())
             if not same and not _is_leftover(key, params):
                 replaced.append(key)
-            del store[key]
+            del store[key]  # Pyro puts the guide's own tensor back at its next use
     if replaced:
         warnings.warn(
             f"{cls} (name {name!r}): Pyro's param store held other values under this guide's "
@@ -248,6 +272,4 @@ def claim_loaded(guide):
             "values, which replace them.",
             stacklevel=4,
         )
-    for key, p in own.items():
-        _MADE[key] = p
-    _CLAIMED.add(guide)
+    register(guide)
