@@ -2,6 +2,7 @@
 distribution is built from its parameters."""
 
 import json
+import weakref
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -13,13 +14,14 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.autoguide.utils import deep_setattr
-from pyro.nn import PyroModule, PyroParam
+from pyro.nn import PyroModule, PyroParam, pyro_method
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import Distribution, biject_to
 
 from ..distributions.empirical_bayes import EmpiricalBayesScale
 from .init import dist_dtype, init_to_fan_in
 from .input_sites import InputReads
+from .store_names import StoreNames, claim, owns, store_in_use
 
 __all__ = ["AutoWeightGuide"]
 
@@ -45,9 +47,16 @@ class AutoWeightGuide(AutoGuide):
     LogNormal prior) gets a mean-field Normal pushed through ``biject_to(support)`` (analytic
     KL when the prior uses the same transform, e.g. LogNormal).
 
-    Each instance owns its parameters: the first guide of a class in a session stores them in
-    Pyro's param store as ``"<Class>.locs.<site>"`` ..., later ones as ``"<Class>_1..."``
-    (``guide._pyro_name``), so guides fitted on one model never share state.
+    Each instance owns its parameters. Pyro's param store holds them as
+    ``"<name>.locs.<site>"``, ``"<name>.scales.<site>"``, ... where ``<name>`` is ``name`` or,
+    by default, the class name: the same in every process, so
+    ``pyro.get_param_store().save(path)`` in one and ``.load(path)`` in another restore the
+    fit (see the docs page *Saving and loading*). Two live guides never share a name: while
+    another guide still in use holds the default name, a new one takes ``"<Class>_1"``, ... and
+    warns (and a second live guide with one explicit ``name`` raises). Parameters left in the
+    store by an earlier guide that is gone (a notebook cell run twice) are replaced, not
+    reused; parameters loaded into the store under the guide's name are used, and must match
+    it (module ``pyro_dropout.guides.store_names``).
 
     :param callable model: a Pyro model, e.g. a :class:`~pyro_dropout.BayesianMLP`.
     :param callable init_loc_fn: initial posterior means per site; default
@@ -55,6 +64,9 @@ class AutoWeightGuide(AutoGuide):
         ``init_to_feasible`` would put every weight at exactly 0 and make all hidden units
         identical). Use :func:`~pyro_dropout.guides.init_to_module` to start from a trained
         deterministic network.
+    :param str name: prefix of the guide's parameters in Pyro's param store (default: the
+        class name). Give each guide of a session its own name when several guides of one
+        class are fitted and the store is saved.
     """
 
     family: str | None = None
@@ -65,20 +77,27 @@ class AutoWeightGuide(AutoGuide):
         *,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
+        name: str | None = None,
     ) -> None:
+        if name is not None and (not isinstance(name, str) or not name.strip(".")):
+            raise ValueError(
+                f"name must be a non-empty string (the prefix of the guide's parameters in "
+                f"Pyro's param store), got {name!r}"
+            )
         self.init_loc_fn = init_loc_fn
         self._init_device = None
         # Armed during the set-up run only: records which sites the model consumes as weights
         # of linear/matmul/conv operations, how often, and which read the model's inputs
         # (see _build_from_prototype).
         self._use_probe = InputReads(armed=False)
-        model = self._use_probe(InitMessenger(self._init_on_device)(model))
+        model = self._use_probe(InitMessenger(_InitOnDevice(self))(model))
         super().__init__(model, create_plates=create_plates)
-        # Pyro names a guide's parameters after its class in the global param store, so a
-        # second AutoMeanField of a session (another init_scale, another model) would start
-        # from, and then move, the first one's parameters. Each instance gets its own prefix:
-        # the class name for the first, then "<class>_1", "<class>_2", ...
-        self._pyro_name = _instance_name(type(self).__name__)
+        # The prefix of the parameters in Pyro's param store: the same in every process, so a
+        # saved store loads. Final when the guide sets up (StoreNames), where a second live
+        # guide of the name is told apart (it must not start from, or move, the first's).
+        self._requested_name = name
+        self._pyro_name = type(self).__name__ if name is None else name
+        self._store_names = None
 
     def _init_on_device(self, site):
         # Init functions build CPU tensors (they see only the site, and an improper prior
@@ -109,14 +128,29 @@ class AutoWeightGuide(AutoGuide):
         # so that a first call without observations can be told apart from a prior-only model.
         return msg["type"] != "sample" or site_is_subsample(msg)
 
+    @pyro_method  # in the module's context: parameters are created in (or read from) the store
     def _setup_prototype(self, *args, **kwargs):
+        names = StoreNames(self, self._requested_name) if store_in_use() else None
+        self._store_names = names
         try:
             self._build_from_prototype(*args, **kwargs)
+            if names is not None:
+                names.check()
         except BaseException:
             # Leave no half-built guide behind: the next call starts again from scratch
             # (Pyro's AutoGuide would skip the set-up and fail with KeyError on every call).
             self._reset_prototype()
+            if names is not None:
+                names.restore()  # parameters loaded into the store stay there
             raise
+        finally:
+            self._store_names = None
+
+    def _claim(self):
+        """At each use: a guide that does not own its name in Pyro's param store (loaded with
+        ``torch.load``, copied, or its name taken after the store was cleared) claims it."""
+        if store_in_use() and not owns(self):
+            claim(self)
 
     def _reset_prototype(self):
         self.prototype_trace = None
@@ -208,6 +242,8 @@ class AutoWeightGuide(AutoGuide):
                 )
 
     def _set(self, group, name, value):
+        if self._store_names is not None:
+            self._store_names.shapes[f"{self._pyro_name}.{group}.{name}"] = value[0].shape
         if not hasattr(self, group):
             setattr(self, group, PyroModule())
         deep_setattr(getattr(self, group), name, value)
@@ -242,8 +278,10 @@ class AutoWeightGuide(AutoGuide):
         scale = second.reshape(lead + group).clamp_min(torch.finfo(second.dtype).tiny).sqrt()
         return dist.Delta(scale, event_dim=len(eb.event_shape))
 
+    @pyro_method  # reads the parameters from Pyro's param store, as forward does
     def get_distributions(self) -> dict[str, Distribution]:
         """The variational distribution of every latent site, as emitted at the site."""
+        self._claim()
         return {
             name: self._site_dist(name, site)
             for name, site in self.prototype_trace.iter_stochastic_nodes()
@@ -253,6 +291,8 @@ class AutoWeightGuide(AutoGuide):
         """Sample every latent site from its variational distribution; returns ``{name: value}``."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
+        else:
+            self._claim()
         plates = self._create_plates(*args, **kwargs)
         result = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -272,6 +312,7 @@ class AutoWeightGuide(AutoGuide):
         return {"weight_uses": uses} if uses > 1 else {}
 
     @torch.no_grad()
+    @pyro_method  # reads the parameters from Pyro's param store, as forward does
     def median(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Posterior means of the weights (``E_q[w]``; for dropout, ``(1-p) M``: the weights of
         standard dropout's "weight averaging" at test time)."""
@@ -291,6 +332,8 @@ class AutoWeightGuide(AutoGuide):
                     "training data (x, y), or call the guide once with them first"
                 )
             self._setup_prototype(*args, **kwargs)
+        else:
+            self._claim()
         return list(self.prototype_trace.iter_stochastic_nodes())
 
     def describe(self) -> dict[str, str | None]:
@@ -298,13 +341,17 @@ class AutoWeightGuide(AutoGuide):
         return {"family": self.family, "config": json.dumps(self.config, sort_keys=True)}
 
 
-_INSTANCES: dict[str, int] = {}
+class _InitOnDevice:
+    """``guide._init_on_device`` through a weak reference. The guide holds its model, and the
+    model this init function: a bound method there would make a reference cycle, which keeps a
+    guide that nothing else references alive until the cycle collector runs, and a live guide
+    keeps its name in Pyro's param store from the next one (store_names)."""
 
+    def __init__(self, guide):
+        self.guide = weakref.ref(guide)
 
-def _instance_name(name):
-    count = _INSTANCES.get(name, 0)
-    _INSTANCES[name] = count + 1
-    return name if count == 0 else f"{name}_{count}"
+    def __call__(self, site):
+        return self.guide()._init_on_device(site)
 
 
 def _empirical_bayes(fn):

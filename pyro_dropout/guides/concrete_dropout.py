@@ -62,6 +62,8 @@ class AutoConcreteDropout(AutoWeightGuide):
     :param str rate_per: ``"layer"`` (one rate per weight site and plate member, the paper's)
         or ``"unit"`` (one per input unit / input channel).
     :param float scale: the fixed slab standard deviation σ (default 0.01, as AutoDropout).
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     ``init_loc_fn`` gives the initial posterior means :math:`\mathbb E[W] = M'`.
 
@@ -89,6 +91,7 @@ class AutoConcreteDropout(AutoWeightGuide):
         scale: float = 0.01,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
+        name: str | None = None,
     ) -> None:
         if not _is_number(init_rate) or not 0 < float(init_rate) < 1:
             raise ValueError(f"init_rate must be a drop probability in (0, 1), got {init_rate!r}")
@@ -98,7 +101,7 @@ class AutoConcreteDropout(AutoWeightGuide):
             raise ValueError(f"rate_per must be one of {RATE_PER}, got {rate_per!r}")
         if not _is_number(scale) or not float(scale) > 0:
             raise ValueError(f"scale must be positive, got {scale!r}")
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
         self.init_rate = float(init_rate)
         self.temperature = float(temperature)
         self.rate_per = rate_per

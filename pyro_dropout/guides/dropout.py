@@ -47,6 +47,8 @@ class AutoDropout(AutoWeightGuide):
         tensor, as ``dropout_rate``; not with a mapping (which names every site's rate).
     :param float scale: the slab standard deviation σ (fixed unless ``learn_scale``).
     :param bool learn_scale: learn a per-weight σ (softplus-parameterised) instead.
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     ``init_loc_fn`` gives initial posterior *means* :math:`E[W] = (1-p)M`.
 
@@ -73,6 +75,7 @@ class AutoDropout(AutoWeightGuide):
         learn_scale: bool = False,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
+        name: str | None = None,
     ) -> None:
         if isinstance(dropout_rate, Mapping):
             for key, p in dropout_rate.items():
@@ -91,7 +94,7 @@ class AutoDropout(AutoWeightGuide):
             )
         if not is_positive(scale):
             raise ValueError(f"scale must be positive, got {scale}")
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
         self.dropout_rate = dropout_rate  # after Module.__init__: it may be a tensor
         self.input_dropout_rate = input_dropout_rate
         self.scale = float(scale)

@@ -24,6 +24,8 @@ class AutoMeanField(AutoWeightGuide):
     :class:`~pyro_dropout.ImproperLogUniform` the registered VD approximation.
 
     :param float init_scale: initial posterior standard deviation of every weight.
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     Example::
 
@@ -41,11 +43,12 @@ class AutoMeanField(AutoWeightGuide):
         init_scale: float = 0.01,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
+        name: str | None = None,
     ) -> None:
         if not is_positive(init_scale):
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.init_scale = float(init_scale)
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
 
     @property
     def config(self) -> dict[str, Any]:

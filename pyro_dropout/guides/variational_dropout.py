@@ -68,6 +68,8 @@ class AutoVariationalDropout(AutoWeightGuide):
         exactly so for initial means |θ| ≫ 1e-4: σ² starts at (θ² + 1e-8)·α, a floor that keeps
         a weight initialised at 0 from starting with no variance at all).
     :param float init_scale: initial posterior sd of non-weight (bias) sites.
+    :param str name: prefix of the parameters in Pyro's param store (default: the class name,
+        the same in every process; see the docs page *Saving and loading*).
 
     Example::
 
@@ -89,6 +91,7 @@ class AutoVariationalDropout(AutoWeightGuide):
         init_scale: float = 0.01,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
+        name: str | None = None,
     ) -> None:
         if alpha not in ("weight", "unit", "layer"):
             raise ValueError(f"alpha must be 'weight', 'unit' or 'layer', got {alpha!r}")
@@ -100,7 +103,7 @@ class AutoVariationalDropout(AutoWeightGuide):
         self.alpha = alpha
         self.init_log_alpha = float(init_log_alpha)
         self.init_scale = float(init_scale)
-        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates)
+        super().__init__(model, init_loc_fn=init_loc_fn, create_plates=create_plates, name=name)
 
     @property
     def config(self) -> dict[str, Any]:

@@ -39,6 +39,28 @@ def _is_subsampled_plate(messenger):
     )
 
 
+class _SitePrior:
+    """The prior of a layer's ``weight`` or ``bias`` site, as :class:`~pyro.nn.PyroSample`
+    calls it (``prior(layer)``). A module-level class, not a lambda, so that the layer pickles
+    (``torch.save(model)``): a lambda defined in a method is a local object that :mod:`pickle`
+    cannot name, and PyroSample renames a plain function's ``__name__`` in place (so pickle would
+    not find that either); an instance has no ``__name__`` to rename."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __call__(self, layer):
+        return layer._site_prior(self.what)
+
+
+class _HyperSitePrior(_SitePrior):
+    """The prior of the scale/precision site of a hierarchical prior (picklable, as
+    :class:`_SitePrior`)."""
+
+    def __call__(self, layer):
+        return layer._hyper_prior(self.what)
+
+
 class _BayesianLayer(PyroModule):
     """Shared machinery: ``weight`` and ``bias`` are :class:`~pyro.nn.PyroSample` sites."""
 
@@ -56,14 +78,12 @@ class _BayesianLayer(PyroModule):
         # Empty buffer: follows .to(device) so priors are built on the layer's device.
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
         self._hyper_site(self.prior, "weight", self.weight_shape)
-        self.weight = PyroSample(lambda self: self._prior(self.prior, self.weight_shape, "weight"))
+        self.weight = PyroSample(_SitePrior("weight"))
         if bias_shape is None:
             self.bias = None
         else:
             self._hyper_site(self.bias_prior, "bias", self.bias_shape)
-            self.bias = PyroSample(
-                lambda self: self._prior(self.bias_prior, self.bias_shape, "bias")
-            )
+            self.bias = PyroSample(_SitePrior("bias"))
 
     def _hyper_site(self, spec, what, shape):
         """The site of a learned prior scale (``<what>_prior_scale``) or of a Gamma-distributed
@@ -74,18 +94,23 @@ class _BayesianLayer(PyroModule):
             attr = f"{what}_prior_precision"
         else:
             return
-        setattr(
-            self,
-            attr,
-            PyroSample(
-                lambda self: hyper_site_prior(
-                    spec,
-                    self._pyro_get_fullname(what),
-                    shape,
-                    self._anchor.dtype,
-                    self._anchor.device,
-                )
-            ),
+        setattr(self, attr, PyroSample(_HyperSitePrior(what)))
+
+    def _site_prior(self, what):
+        """The prior of the ``weight`` or ``bias`` site."""
+        if what == "weight":
+            return self._prior(self.prior, self.weight_shape, "weight")
+        return self._prior(self.bias_prior, self.bias_shape, "bias")
+
+    def _hyper_prior(self, what):
+        """The prior of the scale (or precision) site of the ``weight`` or ``bias`` prior."""
+        spec, shape = (
+            (self.prior, self.weight_shape)
+            if what == "weight"
+            else (self.bias_prior, self.bias_shape)
+        )
+        return hyper_site_prior(
+            spec, self._pyro_get_fullname(what), shape, self._anchor.dtype, self._anchor.device
         )
 
     def _prior(self, prior, shape, what=None):

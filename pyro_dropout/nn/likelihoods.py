@@ -26,6 +26,16 @@ __all__ = [
 NOISE_PRIOR_LOG_SD = 2.0
 
 
+class _NoisePrior:
+    """The latent noise scale's prior as :class:`~pyro.nn.PyroSample` calls it
+    (``prior(likelihood)``): an instance of a module-level class, so that the model pickles. (A
+    lambda is a local object pickle cannot name, and PyroSample renames a plain function's
+    ``__name__`` in place, so that pickle no longer finds it either.)"""
+
+    def __call__(self, likelihood):
+        return likelihood._noise_prior()
+
+
 class GaussianLikelihood(PyroModule):
     r"""``y ~ Normal(f(x), s)`` per output, with a fixed precision τ = 1/s² or a latent noise
     scale.
@@ -49,7 +59,8 @@ class GaussianLikelihood(PyroModule):
         # Empty buffer: follows .to(device/dtype) so the prior is built where the model lives.
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
         if self.tau is None:
-            self.noise_scale = PyroSample(lambda self: self._noise_prior())
+            # a picklable callable, not a lambda: the model must pickle (torch.save)
+            self.noise_scale = PyroSample(_NoisePrior())
 
     def _noise_prior(self):
         loc = torch.tensor(

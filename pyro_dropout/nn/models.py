@@ -21,13 +21,19 @@ from .priors import PriorSpec
 
 __all__ = ["BayesianModel", "BayesianMLP", "BayesianConvNet", "make_likelihood"]
 
+
+def _identity(h):
+    """The identity activation (a named function, unlike a lambda, pickles with the model)."""
+    return h
+
+
 _ACTIVATIONS = {
     "relu": torch.relu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
     "elu": F.elu,
     "gelu": F.gelu,
-    "identity": lambda h: h,
+    "identity": _identity,
 }
 
 

@@ -29,7 +29,7 @@ _FRESH = itertools.count()
 
 
 def _fresh_subclass(cls):
-    """A subclass with a name no other test used, so its instance counter starts at 0."""
+    """A subclass with a name no other test used (its param-store prefix is its own)."""
     return type(f"{cls.__name__}Fresh{next(_FRESH)}", (cls,), {})
 
 
@@ -42,24 +42,35 @@ def _weight_model(x=None, y=None):
 
 
 @pytest.mark.parametrize("cls", GUIDES)
-def test_instances_of_a_class_get_the_class_name_then_numbered_prefixes(cls):
+def test_instances_are_named_after_their_class_however_many_a_session_built(cls):
+    """The store prefix does not count instances (a saved param store must load in a new
+    process); name= replaces it."""
     pyro.clear_param_store()
     sub = _fresh_subclass(cls)
-    names = [sub(_weight_model)._pyro_name for _ in range(3)]
-    assert names == [sub.__name__, f"{sub.__name__}_1", f"{sub.__name__}_2"]
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    for _ in range(3):  # each one gone before the next sets up: a notebook cell run thrice
+        guide = sub(_weight_model)
+        guide(x, y)
+        assert guide._pyro_name == sub.__name__
+    named = sub(_weight_model, name="mine")
+    named(x, y)
+    assert named._pyro_name == "mine"
+    assert {"mine.locs.w", f"{sub.__name__}.locs.w"} <= set(pyro.get_param_store().keys())
 
 
 @pytest.mark.parametrize("cls", GUIDES)
-def test_param_store_keys_start_with_the_instance_prefix(cls):
+def test_a_second_live_guide_of_a_class_takes_a_numbered_prefix_and_warns(cls):
     pyro.clear_param_store()
     sub = _fresh_subclass(cls)
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     first, second = sub(_weight_model), sub(_weight_model)
     first(x, y)
-    second(x, y)
+    with pytest.warns(UserWarning, match=f"uses '{sub.__name__}_1'.*name="):
+        second(x, y)
     keys = set(pyro.get_param_store().keys())
     assert f"{sub.__name__}.locs.w" in keys
     assert f"{sub.__name__}_1.locs.w" in keys
+    assert first.locs.w_unconstrained is not second.locs.w_unconstrained
 
 
 class _RealCopySupport(dist.Normal):

@@ -78,7 +78,7 @@ def test_model_arguments_may_be_passed_by_keyword(name):
     x, y = _data()
     guide = GUIDES[name](_model)
     assert set(guide(x=x, y=y)) == {"w", "b"}
-    fresh = GUIDES[name](_model)
+    fresh = GUIDES[name](_model, name="fresh")  # a second live guide of the class
     assert set(fresh.median(x=x, y=y)) == {"w", "b"}
 
 

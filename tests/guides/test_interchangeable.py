@@ -88,11 +88,13 @@ def test_guides_own_disjoint_param_store_entries():
         AutoVariationalDropout(model),
         AutoMeanField(model, init_scale=0.5),
     ]
+    fit(model, guides[1], x, y, num_steps=30, lr=0.05, progress=False, seed=0)
+    # the fitted AutoMeanField is live: the second one sets up under another prefix, and says so
+    with pytest.warns(UserWarning, match="uses 'AutoMeanField_1'"):
+        for guide in guides:
+            guide(x, y)
     prefixes = [g._pyro_name for g in guides]
     assert len(set(prefixes)) == 4
-    fit(model, guides[1], x, y, num_steps=30, lr=0.05, progress=False, seed=0)
-    for guide in guides:
-        guide(x, y)
     names = set(pyro.get_param_store())
     by_guide = {p: {n for n in names if n.startswith(p + ".")} for p in prefixes}
     assert all(by_guide.values())

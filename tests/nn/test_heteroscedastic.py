@@ -140,7 +140,7 @@ def test_export_and_compare_unchanged(float64):
     hetero = pd.BayesianMLP(1, 1, hidden=(8,), likelihood="heteroscedastic")
     fits = {}
     for name, model in (("homo", homo), ("hetero", hetero)):
-        guide = pd.AutoMeanField(model)
+        guide = pd.AutoMeanField(model, name=name)  # two live fits: a param-store name each
         pd.fit(model, guide, x, y, num_epochs=20, batch_size=30, progress=False)
         fits[name] = (model, guide)
     idata = to_inference_data(*fits["hetero"], x=x, y=y, x_test=xt, y_test=yt, num_samples=40)

@@ -7,6 +7,7 @@ store, so fitting a guide on a shared model changes nothing that another fit use
 
 import pandas as pd
 import pyro
+import pytest
 import torch
 
 from pyro_dropout import (
@@ -66,7 +67,9 @@ def test_fitting_other_guides_does_not_move_an_earlier_fits_predictions():
     first = AutoDropout(model, dropout_rate=0.1)
     fit(model, first, x, y, num_steps=80, lr=0.03, progress=False, seed=0)
     before = predict(model, first, x, num_samples=50, seed=5).log_likelihood(y)
-    for make in (GUIDES["bbb"], GUIDES["vd"], GUIDES["mc_dropout"]):  # incl. a second dropout
-        fit(model, make(model), x, y, num_steps=80, lr=0.03, progress=False, seed=1)
+    # incl. a second dropout guide, which takes another param-store name while the first lives
+    with pytest.warns(UserWarning, match="uses 'AutoDropout_1'"):
+        for make in (GUIDES["bbb"], GUIDES["vd"], GUIDES["mc_dropout"]):
+            fit(model, make(model), x, y, num_steps=80, lr=0.03, progress=False, seed=1)
     after = predict(model, first, x, num_samples=50, seed=5).log_likelihood(y)
     torch.testing.assert_close(before, after)
