@@ -31,6 +31,7 @@ meaningless.
 
 import argparse
 import contextlib
+import itertools
 import json
 import platform
 import statistics
@@ -170,12 +171,17 @@ class TutorialBNN(PyroModule):
         return f
 
 
+#: Several guides of one class are alive in a round: each gets its own param-store name.
+_GUIDE_NUMBERS = itertools.count()
+
+
 def _make_guide(name, model, w):
-    if name == "AutoDropout":
-        return AutoDropout(model, dropout_rate=w["p"], input_dropout_rate=w["p"])
     if name == "AutoNormal":
         return AutoNormal(model)
-    return GUIDES[name](model)
+    unique = f"{name}_speed_{next(_GUIDE_NUMBERS)}"
+    if name == "AutoDropout":
+        return AutoDropout(model, dropout_rate=w["p"], input_dropout_rate=w["p"], name=unique)
+    return GUIDES[name](model, name=unique)
 
 
 def _bayesian_mlp(w):

@@ -16,6 +16,7 @@ dropout guide's likelihood precision and prior.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 import warnings
@@ -79,6 +80,16 @@ MC_DRAWS = ("weights", "examples")
 #: Steps per minibatch shape that ``JitMeanFieldELBO`` spends tracing (it traces the first two
 #: calls and checks that the graphs agree) plus the first run of the traced graph.
 _WARM_STEPS = 3
+
+
+#: Each batched guide of a process gets its own name in Pyro's param store: several are alive at
+#: once (validation and final phases, the hetero configurations), and a guide's default name is
+#: its class name (pyro_dropout.guides.store_names).
+_GUIDE_NUMBERS = itertools.count()
+
+
+def _guide_name(kind):
+    return f"uci_{kind}_{next(_GUIDE_NUMBERS)}"
 
 
 def dropout_training_precision(tau, dropout_rate):
@@ -373,6 +384,7 @@ def build(guide, d_in, n_hidden, members: Members):
             input_dropout_rate=rate.to(dtype).reshape(-1, 1, 1, 1),  # Gal's: inputs too
             scale=DROPOUT_SLAB_SCALE,
             init_loc_fn=init_to_glorot,
+            name=_guide_name("dropout"),
         )
         return model, g, lambda: tau.clone()
 
@@ -382,7 +394,7 @@ def build(guide, d_in, n_hidden, members: Members):
     if guide == "meanfield":
         prior = torch.tensor([c["prior_scale"] for c in cfg], dtype=dtype)
         model = BatchedRegressionMLP(d_in, n_hidden, noise_sd.to(dtype), prior, prior)
-        g = AutoMeanField(model, init_loc_fn=init_to_glorot)
+        g = AutoMeanField(model, init_loc_fn=init_to_glorot, name=_guide_name("meanfield"))
     elif guide in ("concrete", "concrete-tau"):
         model = BatchedRegressionMLP(
             d_in,
@@ -391,12 +403,19 @@ def build(guide, d_in, n_hidden, members: Members):
             weight_prior=1.0 / LENGTH_SCALE,
             bias_prior=DROPOUT_BIAS_PRIOR_SCALE,
         )
-        g = AutoConcreteDropout(model, scale=DROPOUT_SLAB_SCALE, init_loc_fn=init_to_glorot)
+        g = AutoConcreteDropout(
+            model,
+            scale=DROPOUT_SLAB_SCALE,
+            init_loc_fn=init_to_glorot,
+            name=_guide_name("concrete"),
+        )
     elif guide == "vd":
         model = BatchedRegressionMLP(
             d_in, n_hidden, noise_sd.to(dtype), ImproperLogUniform(), VD_BIAS_PRIOR_SCALE
         )
-        g = AutoVariationalDropout(model, alpha="weight", init_loc_fn=init_to_glorot)
+        g = AutoVariationalDropout(
+            model, alpha="weight", init_loc_fn=init_to_glorot, name=_guide_name("vd")
+        )
     else:
         raise ValueError(f"unknown guide {guide!r}; valid names are: {', '.join(GUIDES)}")
 
@@ -437,13 +456,21 @@ def _build_hetero(guide, d_in, n_hidden, members):
             input_dropout_rate=rate.reshape(-1, 1, 1, 1),  # as the homoscedastic members
             scale=DROPOUT_SLAB_SCALE,
             init_loc_fn=init_to_glorot,
+            name=_guide_name("dropout"),
         )
     elif base == "concrete":
-        g = AutoConcreteDropout(model, scale=DROPOUT_SLAB_SCALE, init_loc_fn=init_to_glorot)
+        g = AutoConcreteDropout(
+            model,
+            scale=DROPOUT_SLAB_SCALE,
+            init_loc_fn=init_to_glorot,
+            name=_guide_name("concrete"),
+        )
     elif base == "meanfield":
-        g = AutoMeanField(model, init_loc_fn=init_to_glorot)
+        g = AutoMeanField(model, init_loc_fn=init_to_glorot, name=_guide_name("meanfield"))
     else:
-        g = AutoVariationalDropout(model, alpha="weight", init_loc_fn=init_to_glorot)
+        g = AutoVariationalDropout(
+            model, alpha="weight", init_loc_fn=init_to_glorot, name=_guide_name("vd")
+        )
     return model, g, lambda: torch.full((m,), math.nan, dtype=torch.float64)
 
 

@@ -164,7 +164,7 @@ def test_lrt_linear_covariance_across_outputs(family):
         (AutoMeanField, {"init_scale": 0.2}),
         (AutoVariationalDropout, {"alpha": "weight", "init_log_alpha": -1.0}),
         (AutoVariationalDropout, {"alpha": "unit", "init_log_alpha": -0.5}),
-        (AutoDropout, {"dropout_rate": 0.3, "scale": 0.1}),
+        (AutoDropout, {"dropout_rate": 0.3, "input_dropout_rate": 0.3, "scale": 0.1}),
     ],
     ids=["mean_field", "vd_weight", "vd_unit", "dropout"],
 )

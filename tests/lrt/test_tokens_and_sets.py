@@ -236,7 +236,7 @@ def test_the_joint_check_rejects_per_token_noise():
 GUIDES = {
     "mean_field": lambda m: AutoMeanField(m, init_scale=0.3),
     "variational_dropout": lambda m: AutoVariationalDropout(m, init_log_alpha=-1.0),
-    "dropout": lambda m: AutoDropout(m, dropout_rate=0.3, scale=0.1),
+    "dropout": lambda m: AutoDropout(m, dropout_rate=0.3, input_dropout_rate=0.3, scale=0.1),
     "concrete_dropout": lambda m: AutoConcreteDropout(m, init_rate=0.3, scale=0.1),
 }
 

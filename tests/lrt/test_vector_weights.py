@@ -118,7 +118,7 @@ def test_the_guides_treat_a_weight_vector_as_a_one_output_layer(kind):
 
 def test_vd_on_a_weight_vector_is_not_mean_field():
     model, _ = _setup("vd")
-    vd = AutoVariationalDropout(model, alpha="unit")
+    vd = AutoVariationalDropout(model, alpha="unit", name="vd_unit")
     mf = AutoMeanField(model)
     x, y = torch.randn(8, D), torch.ones(8)
     vd(x, y), mf(x, y)
@@ -171,8 +171,8 @@ def test_the_kl_is_the_one_output_layer_kl():
 def test_concrete_rates_of_a_weight_vector():
     model = make_model()
     x, y = torch.randn(8, D), torch.ones(8)
-    unit = AutoConcreteDropout(model, rate_per="unit")
-    layer = AutoConcreteDropout(model, rate_per="layer")
+    unit = AutoConcreteDropout(model, rate_per="unit", name="unit")
+    layer = AutoConcreteDropout(model, rate_per="layer", name="layer")
     unit(x, y), layer(x, y)
     assert unit.dropout_rates()["w"].shape == (D,)
     assert layer.dropout_rates()["w"].shape == ()
