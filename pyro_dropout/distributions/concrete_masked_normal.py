@@ -42,7 +42,12 @@ class _RefuseGradient(torch.autograd.Function):
         raise RelaxedDensityError(RELAXED_LOG_PROB_MESSAGE)
 
 
-def concrete_keep_mask(dropout_rate, temperature, shape, relaxed=True):
+def concrete_keep_mask(
+    dropout_rate: torch.Tensor,
+    temperature: float,
+    shape: tuple[int, ...] | torch.Size,
+    relaxed: bool = True,
+) -> torch.Tensor:
     r"""A keep mask of ``shape`` for drop rates ``dropout_rate`` (broadcastable to ``shape``).
 
     Relaxed (Maddison et al. 2017; Jang et al. 2017; as in Gal, Hron & Kendall 2017):

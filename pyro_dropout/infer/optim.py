@@ -45,7 +45,12 @@ class FusedOptim(PyroOptim):
         ``foreach=True`` when accepted.
     """
 
-    def __init__(self, optim_constructor, optim_args, clip_args=None):
+    def __init__(
+        self,
+        optim_constructor: type[torch.optim.Optimizer],
+        optim_args: dict[str, Any],
+        clip_args: dict[str, Any] | None = None,
+    ) -> None:
         if not isinstance(optim_args, dict):
             raise TypeError(
                 "FusedOptim takes one dict of optimiser arguments for all parameters; for "
@@ -69,9 +74,9 @@ class FusedOptim(PyroOptim):
             elif "foreach" in accepted:
                 optim_args["foreach"] = True
         super().__init__(optim_constructor, optim_args, clip_args)
-        self.optimizer = None
-        self._members = set()
-        self._pending_state = None
+        self.optimizer: Any = None  # the torch optimiser, made at the first step
+        self._members: set[torch.Tensor] = set()
+        self._pending_state: dict[str, Any] | None = None
 
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(params)

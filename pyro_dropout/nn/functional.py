@@ -221,7 +221,14 @@ def check_linear_input(x, weight, spec, name=None):
         )
 
 
-def _apply_layer(x, weight, bias, *, spec, bias_name=None):
+def _apply_layer(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    spec: "LinearSpec | ConvSpec",
+    bias_name: str | None = None,
+) -> torch.Tensor:
     check_linear_input(x, weight, spec)
     if isinstance(spec, LinearSpec):
         return spec(x, weight, bias)

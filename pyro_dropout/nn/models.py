@@ -58,7 +58,11 @@ def _activation(activation):
         ) from None
 
 
-def make_likelihood(likelihood, tau=None, init_noise_scale=1.0):
+def make_likelihood(
+    likelihood: str | torch.nn.Module,
+    tau: float | None = None,
+    init_noise_scale: float = 1.0,
+) -> Any:  # a likelihood module: ``distribution(f)``, ``check_target(y, f)``, ...
     """``"regression"`` (Gaussian; fixed precision ``tau`` or a latent noise scale when
     ``tau is None``), ``"heteroscedastic"`` (Gaussian with an input-dependent scale predicted
     by the network, :class:`HeteroscedasticGaussianLikelihood`; ``init_noise_scale`` is its

@@ -151,7 +151,12 @@ def scaled_normal(scale, spec, shape):
     return Normal(torch.zeros_like(scale), scale).expand(lead + shape).to_event(len(shape))
 
 
-def make_prior(prior, shape, device=None, dtype=None):
+def make_prior(
+    prior: "PriorSpec",
+    shape: tuple[int, ...] | torch.Size,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Distribution:
     """Build the prior over a parameter tensor of ``shape`` as one event.
 
     :param prior: ``None`` (``Normal(0, 1)``), a positive number ``s`` (``Normal(0, s)``), a
@@ -178,7 +183,8 @@ def make_prior(prior, shape, device=None, dtype=None):
         )
     full = prior.batch_shape + prior.event_shape
     if full == shape:
-        return prior.to_event(len(prior.batch_shape)) if prior.batch_shape else prior
+        # (Pyro distributions, the documented input, have to_event)
+        return prior.to_event(len(prior.batch_shape)) if prior.batch_shape else prior  # type: ignore[attr-defined]
     if prior.event_shape == () and prior.batch_shape == ():
         return prior.expand(shape).to_event(len(shape))
     raise ValueError(
