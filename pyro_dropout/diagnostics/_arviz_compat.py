@@ -275,8 +275,9 @@ def _v1_constant_point_weights(
             lw_i, k_i = point.azstats.psislw(r_eff=1.0, dim=sample_dims)
             lw[sel], khat[i] = lw_i.transpose(*ll.dims).values, float(k_i.values[0])
         except ValueError:  # flat tail: raw importance weights, flagged
-            raw = -point.transpose(*ll.dims).values
-            lw[sel] = raw - np.logaddexp.reduce(raw.ravel())
+            raw = -np.asarray(point.transpose(*ll.dims).values, dtype=np.float64)
+            top = raw.max()  # log-sum-exp over every draw (np.logaddexp.reduce, typed)
+            lw[sel] = raw - (top + np.log(np.exp(raw - top).sum()))
     return {
         "log_weights": ll.copy(data=lw),
         "pareto_k": ll.isel(chain=0, draw=0, drop=True).copy(data=khat),
