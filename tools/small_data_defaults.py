@@ -5,7 +5,7 @@ the defaults of ``AutoDropout``, ``AutoConcreteDropout`` and ``fit``'s learning 
         [--configs a,b,...] [--datasets diabetes,yacht,...] [--splits 2] [--steps 1000]
 
 Data: scikit-learn's diabetes (442 rows; random 90/10 splits, seeds 0, 1, ...) and the UCI
-"small five" (``/work/shared/data/uci``, or ``--uci DIR``; their published splits 0, 1, ...).
+"small five" (``../shared/data/uci`` beside the repository, or ``--uci DIR``; their published splits 0, 1, ...).
 Inputs and targets standardised on the training rows; ``BayesianMLP(d, 1, hidden=(50,))``
 (learned noise scale, ``Normal(0, 1)`` prior); ``fit(..., num_steps=STEPS, batch_size=128)``;
 ``predict(num_samples=200)``. Prints one markdown row per data set: the mean test
@@ -16,6 +16,7 @@ A measuring aid, not a test; one thread, one process.
 import argparse
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -100,7 +101,11 @@ def main():
     ap.add_argument("--datasets", default="diabetes," + ",".join(UCI_SMALL))
     ap.add_argument("--splits", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--uci", default="/work/shared/data/uci")
+    ap.add_argument(
+        "--uci",
+        default=str(Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"),
+        help="the UCI folder (default: ../shared/data/uci beside the repository)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     configs = args.configs.split(",")
