@@ -1,5 +1,8 @@
 r"""A Normal parameterised by its mean and dropout log-odds, for variational dropout."""
 
+from collections.abc import Sequence
+from typing import Self
+
 import pyro.distributions as dist
 import torch
 
@@ -28,7 +31,18 @@ class LogAlphaNormal(dist.Normal):
     :param loc: θ. :param log_alpha: log α, broadcastable with ``loc``.
     """
 
-    def __init__(self, loc, log_alpha, validate_args=None):
+    # Set in __init__ / from_log_variance / expand; ``None`` where computed when first read.
+    _scale: torch.Tensor | None
+    _log_alpha: torch.Tensor | None
+    _log_variance: torch.Tensor
+    _variance: torch.Tensor
+
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        log_alpha: torch.Tensor,
+        validate_args: bool | None = None,
+    ) -> None:
         loc, log_alpha = torch.broadcast_tensors(loc, log_alpha)
         log_variance = log_alpha + torch.log(loc * loc + torch.finfo(loc.dtype).tiny)
         variance = torch.exp(log_variance)
@@ -38,7 +52,12 @@ class LogAlphaNormal(dist.Normal):
         self._log_variance = log_variance
 
     @classmethod
-    def from_log_variance(cls, loc, log_variance, validate_args=None):
+    def from_log_variance(
+        cls,
+        loc: torch.Tensor,
+        log_variance: torch.Tensor,
+        validate_args: bool | None = None,
+    ) -> Self:
         r"""The same family given θ and :math:`\log σ^2` (sparse variational dropout's
         additive parameterisation, Molchanov et al. 2017, which
         :class:`~pyro_dropout.AutoVariationalDropout` learns): :math:`σ^2 = \exp(\log σ^2)`
@@ -60,22 +79,25 @@ class LogAlphaNormal(dist.Normal):
         new._log_variance = log_variance
         new._variance = torch.exp(log_variance)
         # torch's Distribution.__init__ (Normal's own would need the scale): it checks loc and
-        # scale against arg_constraints where validation is on.
-        super(torch.distributions.Normal, new).__init__(loc.shape, validate_args=validate_args)
+        # scale against arg_constraints where validation is on. (The ignore: mypy reads Pyro as
+        # Any, so it cannot see that this class derives from torch's Normal.)
+        super(torch.distributions.Normal, new).__init__(  # type: ignore[misc]
+            loc.shape, validate_args=validate_args
+        )
         return new
 
     @property
-    def scale(self):
+    def scale(self) -> torch.Tensor:
         if self._scale is None:
             self._scale = self._variance.sqrt()
         return self._scale
 
     @scale.setter
-    def scale(self, value):  # torch's Normal.__init__ sets it
+    def scale(self, value: torch.Tensor) -> None:  # torch's Normal.__init__ sets it
         self._scale = value
 
     @property
-    def log_alpha(self):
+    def log_alpha(self) -> torch.Tensor:
         """log α, of the shape of ``loc``."""
         if self._log_alpha is None:
             tiny = torch.finfo(self.loc.dtype).tiny
@@ -83,7 +105,7 @@ class LogAlphaNormal(dist.Normal):
         return self._log_alpha
 
     @property
-    def log_variance(self):
+    def log_variance(self) -> torch.Tensor:
         r""":math:`\log σ^2` (given, or :math:`\log α + \log(θ^2 + \epsilon)`): what a KL reads
         for :math:`\log σ`. Why not ``log(scale)``: at θ = 0 the variance is
         :math:`α\epsilon`, below float32's normal range, and the gradient of ``log(scale)``
@@ -92,10 +114,14 @@ class LogAlphaNormal(dist.Normal):
         return self._log_variance
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return self._variance
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(
+        self,
+        batch_shape: torch.Size | Sequence[int],
+        _instance: "LogAlphaNormal | None" = None,
+    ) -> "LogAlphaNormal":
         new = self._get_checked_instance(LogAlphaNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         new.loc = self.loc.expand(batch_shape)
@@ -103,6 +129,9 @@ class LogAlphaNormal(dist.Normal):
         for name in ("_scale", "_log_alpha", "_log_variance"):
             value = getattr(self, name)
             setattr(new, name, None if value is None else value.expand(batch_shape))
-        super(torch.distributions.Normal, new).__init__(batch_shape, validate_args=False)
+        # torch's Distribution.__init__, as in from_log_variance (and the same ignore).
+        super(torch.distributions.Normal, new).__init__(  # type: ignore[misc]
+            batch_shape, validate_args=False
+        )
         new._validate_args = self._validate_args
         return new
