@@ -55,11 +55,11 @@ def test_licence_and_type_marker_are_declared():
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["pyro_dropout"]
 
 
-#: Public names whose signatures are not annotated yet: annotating them makes mypy check their
-#: bodies, which need changes of their own (issue 41). Each leaves this list when annotated.
-NOT_YET_ANNOTATED = {
-    "pyro_dropout.handlers.lrt_messenger.LocalReparameterizationMessenger",
-}
+#: Public names whose signatures are not annotated yet (a class's name covers its methods):
+#: annotating them makes mypy check their bodies, which may need changes of their own. Empty
+#: since issue 41; kept so that a new exception is written down here, not silently skipped,
+#: and leaves again when annotated (test_the_exception_list_is_current).
+NOT_YET_ANNOTATED: set[str] = set()
 
 PUBLIC_PACKAGES = [
     "pyro_dropout",
@@ -131,6 +131,19 @@ def test_the_exceptions_are_not_top_level_names():
         obj = getattr(top, name)
         qualname = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', name)}"
         assert not any(qualname == n or n.startswith(qualname + ".") for n in NOT_YET_ANNOTATED)
+
+
+def test_the_check_sees_a_missing_annotation():
+    """The check the exception list exempts from (the list being empty, this keeps it honest)."""
+
+    def half(a, b: int):  # unannotated on purpose: what the check is to find
+        return a, b
+
+    def whole(a: int, *rest: int, **extra: int) -> None:
+        return None
+
+    assert _unannotated(half, "half") == ["half(a)", "half -> ?"]
+    assert _unannotated(whole, "whole") == []
 
 
 def test_the_exception_list_is_current():

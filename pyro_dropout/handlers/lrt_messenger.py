@@ -51,7 +51,8 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TypeVar, overload
+from types import TracebackType
+from typing import Self, TypeVar, overload
 
 import pyro
 import torch
@@ -73,12 +74,13 @@ from ..nn.functional import (
     token_layout,
     unexpand,
 )
-from ..nn.guided_value import SiteRecord, laid_out, plain, wrap
+from ..nn.guided_value import GuidedValue, SiteRecord, laid_out, plain, wrap
 from .lrt_rules import GaussianPreactivation, _per_example_shape, sample_gaussian_preactivation
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
 
 _T = TypeVar("_T")
+_D = TypeVar("_D", bound=Distribution)
 
 __all__ = [
     "LocalReparameterizationMessenger",
@@ -113,7 +115,7 @@ def _is_real(support):
     return support is constraints.real or type(support) is type(constraints.real)
 
 
-def _align_batch(fn, batch_shape):
+def _align_batch(fn: _D, batch_shape: torch.Size) -> _D | None:
     """Give ``fn`` the batch shape of the weights the model actually received.
 
     ``Predictive(parallel=True)`` vectorises the guide at its own plate depth (often dim -1)
@@ -160,7 +162,7 @@ class LocalReparameterizationMessenger(Messenger):
     draws and relies on exactly this.)
     """
 
-    def __init__(self, estimator="auto", strict=False):
+    def __init__(self, estimator: str = "auto", strict: bool = False) -> None:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         super().__init__()
@@ -169,34 +171,41 @@ class LocalReparameterizationMessenger(Messenger):
         #: Sites found used more than once in one model run while this messenger answered
         #: them (not only announced by the guide): kept across re-entries of this instance, and
         #: part of :attr:`jit_key`, so a compiled loss traced before the discovery is retraced.
-        self._learned_reuse = set()
+        self._learned_reuse: set[str] = set()
         self._reset()
 
-    def _reset(self):
-        self._dists = {}
-        self._fresh = set()
-        self._warned = set()
-        self._generation = {}  # site -> count of values drawn for the model (reuse detection)
-        self._uses = {}  # site -> (generation, rule-answerable uses of that value so far)
+    def _reset(self) -> None:
+        self._dists: dict[str, Distribution] = {}
+        self._fresh: set[int] = set()  # id()s of the messages of fresh draws
+        self._warned: set[tuple[str, str]] = set()
+        #: site -> count of values drawn for the model (reuse detection)
+        self._generation: dict[str, int] = {}
+        #: site -> (generation, rule-answerable uses of that value so far)
+        self._uses: dict[str, tuple[int | None, int]] = {}
         #: Sites used as drawn at every use because the model uses them more than once per run.
-        self._reused = set(self._learned_reuse)
+        self._reused: set[str] = set(self._learned_reuse)
         self._active = False
         #: Elements of the largest layer output answered here (sizes prediction passes).
         self.widest_output = 0
 
     @property
-    def jit_key(self) -> tuple[type, str, frozenset]:
+    def jit_key(self) -> tuple[type, str, frozenset[str]]:
         """What a compiled loss depends on (see :class:`~pyro_dropout.infer.JitMeanFieldELBO`)."""
         return (type(self), self.estimator, frozenset(self._learned_reuse))
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self._reset()
         self._active = True
         return super().__enter__()
 
-    def __exit__(self, *args):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self._active = False
-        return super().__exit__(*args)
+        super().__exit__(exc_type, exc_value, traceback)
 
     def _is_innermost(self):
         for m in reversed(_PYRO_STACK):
@@ -254,14 +263,30 @@ class LocalReparameterizationMessenger(Messenger):
         )
         msg["done"] = True
 
-    def answer_linear(self, x, w, bias, transposed_layout):
+    def answer_linear(
+        self,
+        x: torch.Tensor,
+        w: GuidedValue,
+        bias: torch.Tensor | None,
+        transposed_layout: bool,
+    ) -> torch.Tensor:
         """``F.linear`` / ``matmul`` of ``x`` with the guided value ``w`` (called by
         :class:`~pyro_dropout.nn.guided_value.GuidedValue`)."""
         site = w._pd_site
         spec = LinearSpec(transposed=transposed_layout, vector=site.event_dim == 1)
         return self._answer_op(x, site, bias, spec)
 
-    def answer_conv(self, x, w, bias, ndim, stride, padding, dilation, groups):
+    def answer_conv(
+        self,
+        x: torch.Tensor,
+        w: GuidedValue,
+        bias: torch.Tensor | None,
+        ndim: int,
+        stride: int | tuple[int, ...],
+        padding: str | int | tuple[int, ...],
+        dilation: int | tuple[int, ...],
+        groups: int,
+    ) -> torch.Tensor:
         """``F.conv1d`` / ``F.conv2d`` of ``x`` with the guided kernel ``w``."""
         site = w._pd_site
         if site.event_dim != ndim + 2:  # part of the kernel is batch: no rule, as drawn
@@ -429,7 +454,7 @@ class LocalReparameterizationMessenger(Messenger):
             return True
         return False
 
-    def unsupported_use(self, site, op_name):
+    def unsupported_use(self, site: SiteRecord, op_name: str) -> None:
         """A guided value met an operation without a rule: warn once per weight site (or raise
         when ``strict``). Uses after the model returned (the ELBO's log densities, stacking
         of samples) and uses of vectors such as biases (drawn values, as sampled) are fine."""
@@ -459,7 +484,7 @@ class LocalReparameterizationMessenger(Messenger):
                 return m
         return None
 
-    def _report(self, message, key):
+    def _report(self, message: str, key: tuple[str, str]) -> None:
         if self.strict:
             message = message.replace(
                 " Pass strict=True to make this an error.",

@@ -53,6 +53,11 @@ class GuidedValue(torch.Tensor):
     plain tensor), ``_pd_site`` (:class:`SiteRecord`), ``_pd_transposed`` (the value is the
     transpose of the site's matrix, from ``w.T`` and friends)."""
 
+    # Set by :func:`wrap` on each instance (declared for type checkers; no class attributes).
+    _pd_plain: torch.Tensor
+    _pd_site: SiteRecord
+    _pd_transposed: bool
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
