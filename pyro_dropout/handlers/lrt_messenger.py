@@ -67,10 +67,13 @@ from torch.nn.modules.utils import _pair, _single
 
 from ..nn.functional import (
     ConvSpec,
+    LayoutError,
     LinearSpec,
     add_bias,
     align_to_frames,
+    apply_spec,
     check_linear_input,
+    read_rows,
     token_layout,
     unexpand,
 )
@@ -182,6 +185,8 @@ class LocalReparameterizationMessenger(Messenger):
         self._generation: dict[str, int] = {}
         #: site -> (generation, rule-answerable uses of that value so far)
         self._uses: dict[str, tuple[int | None, int]] = {}
+        #: site -> rank of its Linear input in a run without weight draws (see _draw_tokens)
+        self._input_rank: dict[str, int] = {}
         #: Sites used as drawn at every use because the model uses them more than once per run.
         self._reused: set[str] = set(self._learned_reuse)
         self._active = False
@@ -303,7 +308,7 @@ class LocalReparameterizationMessenger(Messenger):
     def _answer_op(self, x, site, bias, spec):
         bias_value = laid_out(bias)
         if not self._active:  # the value outlived its context: plain weights
-            return add_bias(spec(x, site.value), bias_value, spec)
+            return apply_spec(x, site.value, bias_value, spec)
         bias_name = bias._pd_site.name if _is_guided(bias) else None
         return self._answer(site.name, x, site.value, site.event_dim, bias_value, bias_name, spec)
 
@@ -318,7 +323,14 @@ class LocalReparameterizationMessenger(Messenger):
         if self.estimator != "weights" and not reused:
             out = self._lrt(name, x, weight, event_dim, bias, bias_name, spec)
         if out is None:  # weight draws, broadcast over their sample dims
-            out = add_bias(spec(x, weight), bias, spec)
+            try:
+                tokens = self._draw_tokens(name, x, weight, spec)
+                out = apply_spec(x, weight, bias, spec, tokens)
+            except LayoutError as e:
+                raise LayoutError(
+                    f"weight site {name!r} (weight shape {tuple(weight.shape)}) is applied to "
+                    f"an input of shape {tuple(x.shape)}: {e}"
+                ) from e
         self.widest_output = max(self.widest_output, out.numel())
         return out
 
@@ -369,6 +381,28 @@ class LocalReparameterizationMessenger(Messenger):
                 bias = bias_base.loc + bias_base.scale * _randn_like(out, bias_base.loc, spec)
             out = add_bias(out, bias, spec)
         return out
+
+    def _draw_tokens(self, name, x, weight, spec):
+        """The token dims of a Linear input ``x`` that meets weight draws (None: read from the
+        shapes by :func:`~pyro_dropout.nn.functional.read_rows`).
+
+        An input ``(S, L, d)`` against draws ``(S, 1, out, in)`` is either ``S`` examples of
+        ``L`` tokens (the model's data when there are as many examples as draws) or ``L``
+        examples that already carry the ``S`` draws (a later layer's input): the shapes are
+        the same. The input's rank at this site in a run without draws (``Predictive``'s and
+        ``predict``'s first run, inside this context) tells them apart: the dims it has beyond
+        that rank are draws."""
+        if not isinstance(spec, LinearSpec):
+            return None
+        w_batch = unexpand(weight).shape[: max(weight.dim() - (1 if spec.vector else 2), 0)]
+        if w_batch.numel() == 1:
+            self._input_rank[name] = x.dim()
+            return None
+        rank = self._input_rank.get(name)
+        if x.dim() < 3 or rank is None or x.dim() < rank:
+            return None  # (N, d) or (S, N, d): one reading; or nothing known
+        tokens, _ = read_rows(x.shape[:-1], w_batch, draws=x.dim() - rank)
+        return tokens
 
     def _token_spec(self, name, x, weight, spec):
         """``spec`` with the token dims of ``x`` (:func:`~pyro_dropout.nn.functional.token_layout`:

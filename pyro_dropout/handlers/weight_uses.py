@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from ..nn.functional import LinearSpec, add_bias
+from ..nn.functional import LinearSpec, apply_spec
 from .guided_value import SiteRecord, laid_out, plain, wrap
 
 __all__ = ["WeightUses"]
@@ -86,7 +86,7 @@ class WeightUses(Messenger):
         if hasattr(bias, "_pd_site"):
             self._count(bias._pd_site.name, as_weight=False)
         spec = LinearSpec(transposed=transposed_layout, vector=site.event_dim == 1)
-        return add_bias(spec(x, site.value), laid_out(bias), spec)
+        return apply_spec(x, site.value, laid_out(bias), spec)
 
     def answer_conv(self, x, w, bias, ndim, stride, padding, dilation, groups):
         self._count(w._pd_site.name, as_weight=True)

@@ -6,7 +6,9 @@ networks. Here a weight of shape ``W_batch + (out, in)`` is broadcast against an
 ``x_batch + (in,)`` exactly like any other batched tensor in Pyro: the weight's batch dims align
 with the input's batch dims from the right. Trailing size-1 weight dims (the data-plate slots)
 are folded into the rows of one matrix product, so a batch of weights costs one batched matmul
-(or one grouped convolution), never a per-example loop.
+(or one grouped convolution), never a per-example loop. A Linear input may carry token dims
+between its example axis and its features (``(N, L, d)``: a sequence or a set per example);
+they are rows too, and the weight's batch dims skip them (:func:`read_rows`).
 
 The layers call :func:`bayesian_layer`, a Pyro *effectful* operation: by default it applies the
 sampled weights, and :class:`~pyro_dropout.handlers.LocalReparameterizationMessenger`
@@ -22,7 +24,17 @@ from pyro.poutine.runtime import effectful
 
 from .._broadcast import broadcast_shape, unexpand
 
-__all__ = ["LinearSpec", "ConvSpec", "add_bias", "bayesian_layer", "token_layout", "unexpand"]
+__all__ = [
+    "LayoutError",
+    "LinearSpec",
+    "ConvSpec",
+    "add_bias",
+    "apply_spec",
+    "bayesian_layer",
+    "read_rows",
+    "token_layout",
+    "unexpand",
+]
 
 
 def _unexpand_batch(t, event_dim):
@@ -42,12 +54,94 @@ def _split_batch(x_batch, w_batch):
     return rows
 
 
+class LayoutError(ValueError):
+    """A Linear input's batch dims cannot be read against its weight's draws (the message
+    gives both shapes; the handlers add the weight site's name)."""
+
+
+def _broadcasts(a, b):
+    try:
+        broadcast_shape(a, b)
+    except RuntimeError:
+        return False
+    return True
+
+
+def read_rows(x_batch, w_batch, tokens=None, draws=None):
+    """``(t, rows)``: how an input's batch dims ``x_batch`` meet a weight's ``w_batch``.
+
+    The input is read as ``x_batch = lead + data + T`` with ``t = len(T)`` token dims: the
+    weight's batch dims align from the right with ``lead + data`` (as Pyro broadcasts), the
+    ``data`` dims are those the weight does not vary over (its trailing size-1 dims, or none
+    of its dims), and ``lead`` broadcasts against the weight's remaining (sample) dims. The
+    ``rows = len(data) + t`` trailing dims of ``x_batch`` are the rows of one matrix product
+    per ``lead`` position: each weight draw meets all the rows (examples and their tokens) of
+    its own lead position, or of every position when the input has no sample dims.
+
+    ``tokens`` given: that reading, or a :class:`LayoutError` when it does not broadcast.
+    Else the fewest token dims that broadcast, i.e. Pyro's rule (``t = 0``) wherever it
+    applies (the local-reparameterisation rules lay their per-example draws out that way,
+    with size-1 slots for the tokens), else the extra dims between the example axis and the
+    features are tokens (a weight drawn ``(S, 1, out, in)`` against an input ``(N, L, d)``
+    gives ``(S, N, L, out)``, each draw applied to every token of every example).
+
+    Shapes alone cannot tell ``(S, N, d)`` (an input that already carries ``S`` draws) from
+    ``(N, L, d)`` with ``N == S`` (examples of tokens); without more, the first reading is
+    taken. ``draws``, when known, is the number of leading dims of ``x_batch`` that carry
+    weight draws (0 for the model's data): the reading must then keep every other dim in the
+    rows (:class:`~pyro_dropout.handlers.LocalReparameterizationMessenger` knows it from the
+    input's rank in a run without draws). If none does, Pyro's reading (``t = 0``) where it
+    broadcasts, else a :class:`LayoutError`: the input's draws are not the weight's.
+    """
+    n = len(x_batch)
+    if tokens is not None and not 0 <= tokens <= n:
+        raise LayoutError(
+            f"an input with batch shape {tuple(x_batch)} has no {tokens} token dims "
+            "between its example axis and its features"
+        )
+    readings = []
+    for t in range(n + 1) if tokens is None else (tokens,):
+        head = x_batch[: n - t]
+        rows = _split_batch(head, w_batch)
+        lead = len(head) - rows
+        if _broadcasts(head[:lead], w_batch[: max(len(w_batch) - rows, 0)]):
+            readings.append((t, t + rows))
+            if draws is None or (lead <= draws and all(k == 1 for k in x_batch[lead:draws])):
+                return t, t + rows
+    if readings and (draws is None or readings[0][0] == 0):
+        return readings[0]  # Pyro's own broadcasting (the weight aligned from the right)
+    if draws is None:
+        raise LayoutError(
+            f"weight draws with batch shape {tuple(w_batch)} cannot be applied to an input "
+            f"with batch shape {tuple(x_batch)} read as {tokens} token dims: the input's dims "
+            f"left of its tokens, {tuple(x_batch[: n - tokens])}, must broadcast against the "
+            "weight's batch dims aligned from the right (the weight's sample dims, then its "
+            "size-1 slot for the example axis)"
+        )
+    raise LayoutError(
+        f"an input with batch shape {tuple(x_batch)} carries {draws} leading dims of draws "
+        f"({tuple(x_batch[:draws])}: it has {draws} more dims than in a run without draws), "
+        f"which do not match the weight's draws, batch shape {tuple(w_batch)}: the input's "
+        "draws must have the weight's sizes (or 1), with its examples and tokens after them"
+    )
+
+
+def _token_slots(t, tokens, event):
+    """``t`` (a bias, batch + ``event`` dims) with ``tokens`` size-1 dims before its event dims,
+    so that its batch dims (aligned with the input's examples) skip the token dims."""
+    if not tokens or t is None or t.dim() <= event:
+        return t
+    cut = t.dim() - event
+    return t.reshape(t.shape[:cut] + (1,) * tokens + t.shape[cut:])
+
+
 def token_layout(x, weight, spec):
     """``(example_size, token_shape)`` of a Linear layer's input ``x`` against its ``weight``.
 
     The batch dims of ``x`` (all but the features) that the weight does not vary over are the
-    rows of one matrix product (:func:`_split_batch`, aligned from the right as torch
-    broadcasts); the dims to their left are sample dims (one weight draw each). Of the rows,
+    rows of one matrix product (:func:`read_rows`: aligned from the right as Pyro broadcasts,
+    with token dims set aside where that is the only reading that broadcasts); the dims to
+    their left are sample dims (one weight draw each). Of the rows,
     the first is the example axis and the others, if any, are token dims: one example's
     tokens (a sequence, a set) all meet the same weight under q. This is the layout torch
     gives ``nn.Linear`` (``(*, H_in)``, batch first) and the library's convention for
@@ -58,7 +152,7 @@ def token_layout(x, weight, spec):
     event = 1 if spec.vector else 2
     w_batch = weight.shape[: max(weight.dim() - event, 0)]
     x_batch = x.shape[:-1]
-    rows = _split_batch(x_batch, w_batch)
+    _, rows = read_rows(x_batch, w_batch)
     if rows < 2:
         return (x_batch[-1] if rows else None), ()
     first = len(x_batch) - rows
@@ -89,12 +183,22 @@ class LinearSpec:
         return 0 if self.vector else 1
 
     def __call__(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        token_dims: int | None = None,
     ) -> torch.Tensor:
+        """``x Wᵀ + b`` per weight draw; ``token_dims``: how many dims of ``x`` between its
+        example axis and its features the weight's batch dims skip (:func:`read_rows`; by
+        default read from the shapes)."""
         if self.vector:
-            out = LinearSpec(transposed=True)(x, weight.unsqueeze(-1))
-            out = out.squeeze(-1)
-            return out if bias is None else out + bias
+            inner = LinearSpec(transposed=True, tokens=self.tokens)
+            w = weight.unsqueeze(-1)
+            if not torch.is_tensor(bias):  # None or a number: nothing to lay out
+                out = inner(x, w, token_dims=token_dims).squeeze(-1)
+                return out if bias is None else out + bias
+            return inner(x, w, bias.unsqueeze(-1), token_dims).squeeze(-1)
         weight = _unexpand_batch(weight, 2)
         if self.transposed:
             weight = weight.transpose(-1, -2)
@@ -103,8 +207,16 @@ class LinearSpec:
         if bias is not None:
             bias = unexpand(bias)
         x_batch = x.shape[:-1]
-        rows = _split_batch(x_batch, w_batch)
+        # The layout is read against the batch of the weight and bias together (a bias drawn
+        # per sample over a shared weight still has its draws on the left of the examples).
+        batch = w_batch
+        if bias is not None and bias.dim() > 1 and _broadcasts(w_batch, bias.shape[:-1]):
+            batch = broadcast_shape(w_batch, bias.shape[:-1])
+        tokens, _ = read_rows(x_batch, batch, token_dims)
+        bias = _token_slots(bias, tokens, 1)
+        rows = _split_batch(x_batch[: len(x_batch) - tokens], w_batch)
         w_lead = w_batch[: max(len(w_batch) - rows, 0)]
+        rows += tokens
         if all(n == 1 for n in w_lead):
             # One weight matrix for every row: a plain GEMM.
             w2 = weight.reshape(event)
@@ -112,6 +224,9 @@ class LinearSpec:
                 return F.linear(x, w2) + bias  # a batch of biases: broadcast after the GEMM
             b2 = None if bias is None else bias.reshape(bias.shape[-1:])
             return F.linear(x, w2, b2)
+        # Fold the rows (the examples the weight does not vary over, and their tokens) into
+        # one matrix per lead position; the weight's trailing size-1 dims are dropped, so
+        # its sample dims meet the input's lead dims (or prepend new ones).
         x_lead, row_shape = x_batch[: len(x_batch) - rows], x_batch[len(x_batch) - rows :]
         x2 = x.reshape(x_lead + (math.prod(row_shape), x.shape[-1]))
         w2 = weight.reshape(w_lead + event)
@@ -205,6 +320,14 @@ def add_bias(out, bias, spec):
     return out + bias
 
 
+def apply_spec(x, weight, bias, spec, token_dims=None):
+    """``spec(x, weight)`` plus ``bias``: a Linear layer lays its bias out itself (by the token
+    dims given or read from the shapes), a convolution adds it per channel."""
+    if isinstance(spec, LinearSpec):
+        return spec(x, weight, bias, token_dims)
+    return add_bias(spec(x, weight), bias, spec)
+
+
 def check_linear_input(x, weight, spec, name=None):
     """A ``ValueError`` naming the weight site and the sizes when the input's last dim does
     not match the weight's input dim (torch would say "mat1 and mat2 shapes cannot be
@@ -230,9 +353,7 @@ def _apply_layer(
     bias_name: str | None = None,
 ) -> torch.Tensor:
     check_linear_input(x, weight, spec)
-    if isinstance(spec, LinearSpec):
-        return spec(x, weight, bias)
-    return add_bias(spec(x, weight), bias, spec)
+    return apply_spec(x, weight, bias, spec)
 
 
 #: Effectful layer application. ``name`` is the weight's sample-site name, ``bias_name`` the

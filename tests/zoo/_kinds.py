@@ -392,8 +392,7 @@ class Kind:
     guide_list: bool = False  # guide the weights by an AutoGuideList (with AutoNormal)
     #: weight draws broadcast through the model (``Predictive(parallel=True)`` under
     #: ``weight_draws``): "exact", "raises" (the model's own code does not broadcast; one draw
-    #: per pass), "token" (the model broadcasts, the weight-draw rule for (N, L, d) inputs
-    #: raises today) or "wrong" (silently wrong numbers today); see test_kinds.py's xfails
+    #: per pass) or "wrong" (silently wrong numbers today); see test_kinds.py's last tests
     parallel: str = "exact"
 
 
@@ -441,14 +440,12 @@ KINDS = {
         _attention_teacher,
         _fixed(_attention_reference),
         token_inputs=True,
-        parallel="token",
     ),
     "deep_sets": Kind(
         lambda: deep_sets,
         _sets,
         _fixed(_deep_sets_reference),
         token_inputs=True,
-        parallel="token",
     ),
     "layer_norm": Kind(
         layer_norm_model,

@@ -290,7 +290,7 @@ def test_fit_matches_plain_torch(name):
         assert worst < 0.5, (scores, theirs)
 
 
-# ------------------------------------------------------------- found by the zoo (xfail)
+# ------------------------------------------------------------- found by the zoo
 
 
 def test_lstm_vectorised_draws_equal_plain_torch():
@@ -306,20 +306,31 @@ def test_lstm_vectorised_draws_equal_plain_torch():
     _check_export(kind, reference, shapes, idata, x, y)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="raw error: under weight_draws, F.linear / matmul on (N, L, d) token or set inputs "
-    "with drawn weights of shape (S, 1, out, in) fails in the library's broadcasting rule "
-    "(pyro_dropout/nn/functional.py: 'size of tensor a (N) must match ... (S)'), though plain "
-    "torch broadcasts x @ W.mT there; predict/to_inference_data fall back to one draw per pass "
-    "and blame the model ('does not broadcast'). May be fixed with the (B, T, d) input work.",
-)
 @pytest.mark.parametrize("name", ["attention", "deep_sets"])
 def test_weight_draws_broadcast_over_token_inputs(name):
+    """Found by the zoo (issue 39): under weight_draws, F.linear / matmul on (N, L, d) token or
+    set inputs with drawn weights of shape (S, 1, out, in) raised in the library's own
+    broadcasting rule (the token axis took the weight's data-plate slot and the example axis
+    met the draws: 'size of tensor a (24) must match ... (3)'), and predict /
+    to_inference_data fell back to one draw per pass, blaming the model. Now every draw of a
+    vectorised pass is its plain-torch network, also with as many examples as draws in a
+    pass (the input's rank in the draw-free first run tells the two layouts apart), and
+    predict and the export vectorise without a warning (vectorize/parallel=True raise when
+    they cannot; any warning fails here)."""
     kind, model, guide, x, y, _ = _fitted(name, "mean_field")
     shapes = _latent_shapes(model, x, y)
-    predictive = Predictive(
-        model, guide=guide, num_samples=DRAWS, parallel=True, return_sites=[*shapes, "_RETURN"]
-    )
-    _check_returns(kind, kind.reference(model), shapes, weight_draws(predictive)(x), x)
+    reference = kind.reference(model)
+    for n in (N, DRAWS):
+        predictive = Predictive(
+            model, guide=guide, num_samples=DRAWS, parallel=True, return_sites=[*shapes, "_RETURN"]
+        )
+        _check_returns(kind, reference, shapes, weight_draws(predictive)(x[:n]), x[:n])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (N, 4):  # 4 points: the export's second pass holds 4 draws
+            idata = to_inference_data(
+                model, guide, x[:n], y[:n], num_samples=5, seed=0, parallel=True
+            )
+            _check_export(kind, reference, shapes, idata, x[:n], y[:n])
+        pred = predict(model, guide, x, num_samples=DRAWS, seed=0, vectorize=True)
+    assert pred.samples.shape[:2] == (DRAWS, N)
