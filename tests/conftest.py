@@ -51,3 +51,50 @@ def pytest_sessionfinish(session, exitstatus):
             red=True,
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+#: CI runs the suite on two lines side by side, one core each (``.ci/run``): Python 3.11 with
+#: ArviZ 0.23 and torch 2.13 (``PYRO_DROPOUT_CI_LINE=first``), Python 3.12 with ArviZ 1.x and the
+#: newest torch (``second``). Both run the whole fast tier and every test of the ArviZ-facing code
+#: (``tests/diagnostics``, ``tests/examples``); the two heavy groups that do not depend on the
+#: ArviZ line are split between them: the benchmark scripts' tests (``tests/bench``) on the
+#: first, the other ``slow`` statistical tests on the second. Together they run every test, and
+#: CI stays within its 30 minutes (each group was ~5-9 minutes of a ~35-minute line). Unset
+#: (a plain ``python -m pytest``), nothing is left out.
+ARVIZ_FACING = ("tests/diagnostics/", "tests/examples/")
+
+
+def _left_to_the_other_line(item, line):
+    path = item.nodeid.split("::", 1)[0]
+    bench = path.startswith("tests/bench/")
+    other_slow = (
+        item.get_closest_marker("slow") is not None
+        and not bench
+        and not path.startswith(ARVIZ_FACING)
+    )
+    return other_slow if line == "first" else bench
+
+
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    line = os.environ.get("PYRO_DROPOUT_CI_LINE", "")
+    if not line:
+        return
+    if line not in ("first", "second"):
+        raise pytest.UsageError(f"PYRO_DROPOUT_CI_LINE must be 'first' or 'second', got {line!r}")
+    left = [item for item in items if _left_to_the_other_line(item, line)]
+    if left:
+        items[:] = [item for item in items if not _left_to_the_other_line(item, line)]
+        config.hook.pytest_deselected(items=left)
+    config._pd_ci_line = (line, len(left))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line, left = getattr(config, "_pd_ci_line", ("", 0))
+    if line:
+        what = "the slow tests outside tests/bench" if line == "first" else "tests/bench"
+        terminalreporter.write_line(
+            f"PYRO_DROPOUT_CI_LINE={line}: {left} tests ({what}, ArviZ-facing folders excepted) "
+            "left to the other CI line"
+        )
