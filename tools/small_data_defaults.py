@@ -52,6 +52,12 @@ CONFIGS = {
         1e-2,
     ),
     "concrete": (lambda m: pd.AutoConcreteDropout(m), 1e-2),
+    "concrete-s.01": (lambda m: pd.AutoConcreteDropout(m, scale=0.01), 1e-2),
+    "concrete-s.02": (lambda m: pd.AutoConcreteDropout(m, scale=0.02), 1e-2),
+    "concrete-s.03": (lambda m: pd.AutoConcreteDropout(m, scale=0.03), 1e-2),
+    "concrete-min.05": (lambda m: pd.AutoConcreteDropout(m, min_rate=0.05), 1e-2),
+    "concrete-s.05": (lambda m: pd.AutoConcreteDropout(m, scale=0.05), 1e-2),
+    "concrete-s.1": (lambda m: pd.AutoConcreteDropout(m, scale=0.1), 1e-2),
     "meanfield": (lambda m: pd.AutoMeanField(m), 1e-2),
     "meanfield-lr3": (lambda m: pd.AutoMeanField(m), 1e-3),
 }

@@ -61,7 +61,13 @@ class AutoConcreteDropout(AutoWeightGuide):
     :param float temperature: Concrete temperature :math:`t > 0` (default 0.1, the paper's).
     :param str rate_per: ``"layer"`` (one rate per weight site and plate member, the paper's)
         or ``"unit"`` (one per input unit / input channel).
-    :param float scale: the fixed slab standard deviation σ (default 0.01, as AutoDropout).
+    :param float scale: the fixed slab standard deviation σ (default 0.05; AutoDropout's is
+        0.01). Why larger here: with :math:`p` learned, Gal's KL lets the rates fall to
+        :math:`p \approx 0` on small data, where a tiny slab makes :math:`q` a point mass and the
+        fit maximum likelihood (diabetes, 353 rows: held-out LL −5.89 per point at σ = 0.01
+        against −1.33 for MC dropout); σ = 0.05 was the best worst case of the values measured on
+        held-out small data (docs page *Concrete dropout*, "Default slab"). It costs precision on
+        nearly noise-free data (yacht, −0.4 nats at quick settings): pass ``scale=0.01`` there.
     :param str name: prefix of the parameters in Pyro's param store (default: the class name,
         the same in every process; see the docs page *Saving and loading*).
 
@@ -88,7 +94,7 @@ class AutoConcreteDropout(AutoWeightGuide):
         init_rate: float = 0.1,
         temperature: float = 0.1,
         rate_per: Literal["layer", "unit"] = "layer",
-        scale: float = 0.01,
+        scale: float = 0.05,
         init_loc_fn: Callable[[dict], torch.Tensor] = init_to_fan_in,
         create_plates: Callable[..., Any] | None = None,
         name: str | None = None,
