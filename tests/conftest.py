@@ -55,13 +55,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 #: CI runs the suite on two lines side by side, one core each (``.ci/run``): Python 3.11 with
 #: ArviZ 0.23 and torch 2.13 (``PYRO_DROPOUT_CI_LINE=first``), Python 3.12 with ArviZ 1.x and the
-#: newest torch (``second``). Both run the whole fast tier and every test of the ArviZ-facing code
-#: (``tests/diagnostics``, ``tests/examples``); the two heavy groups that do not depend on the
+#: newest torch (``second``). Both run the whole fast tier, every test of the ArviZ-facing code
+#: (``tests/diagnostics``, ``tests/examples``) and the model zoo (``tests/zoo``, both tiers: the
+#: models users bring, on both torch versions); the two heavy groups that do not depend on the
 #: ArviZ line are split between them: the benchmark scripts' tests (``tests/bench``) on the
 #: first, the other ``slow`` statistical tests on the second. Together they run every test, and
 #: CI stays within its 30 minutes (each group was ~5-9 minutes of a ~35-minute line). Unset
 #: (a plain ``python -m pytest``), nothing is left out.
-ARVIZ_FACING = ("tests/diagnostics/", "tests/examples/")
+BOTH_LINES = ("tests/diagnostics/", "tests/examples/", "tests/zoo/")
 
 
 def _left_to_the_other_line(item, line):
@@ -70,7 +71,7 @@ def _left_to_the_other_line(item, line):
     other_slow = (
         item.get_closest_marker("slow") is not None
         and not bench
-        and not path.startswith(ARVIZ_FACING)
+        and not path.startswith(BOTH_LINES)
     )
     return other_slow if line == "first" else bench
 
@@ -95,6 +96,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if line:
         what = "the slow tests outside tests/bench" if line == "first" else "tests/bench"
         terminalreporter.write_line(
-            f"PYRO_DROPOUT_CI_LINE={line}: {left} tests ({what}, ArviZ-facing folders excepted) "
+            f"PYRO_DROPOUT_CI_LINE={line}: {left} tests ({what}; diagnostics, examples, zoo excepted) "
             "left to the other CI line"
         )
