@@ -736,7 +736,9 @@ NOTES = """
 
 - **Ours**: `BayesianMLP` + one of the four guides with its defaults, `fit(...,
   num_epochs, batch_size, lr)` and `predict(..., num_samples)` (LRT, compiled loss, fused
-  Adam: `fit`'s defaults).
+  Adam: `fit`'s defaults). `AutoDropout` keeps the network's inputs (its default
+  `input_dropout_rate=0`; plain MC dropout below drops them), `AutoConcreteDropout` learns
+  every layer's rate, inputs included, with its default slab σ = 0.05.
 - **Plain MC dropout**: `nn.Sequential` with `nn.Dropout` before each `nn.Linear`, the
   Gaussian NLL plus Gal's weight decay for an `N(0, 1)` prior
   (`(1 − p)/(2N)‖W‖² + ‖b‖²/(2N)`), dropout left on for the predictive draws.
@@ -769,7 +771,7 @@ python3.11 -m venv venv-peers
 venv-peers/bin/pip install torch==2.13.0
 venv-peers/bin/pip install -c <(echo torch==2.13.0) -e . tyxe bayesian-torch laplace-torch
 venv-peers/bin/pip uninstall -y torchvision   # see above
-OMP_NUM_THREADS=1 venv-peers/bin/python -m benchmarks.peers --out docs/benchmarks --epochs 40
+OMP_NUM_THREADS=1 venv-peers/bin/python -m benchmarks.peers --out docs/benchmarks --epochs 40 --splits 2
 ```
 
 `--quick` is a seconds-long smoke run (`tests/bench/test_peers_quick.py` runs it for our
