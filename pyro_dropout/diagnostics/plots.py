@@ -170,7 +170,9 @@ def plot_predictive_bands(
         ax.set_title(f"{name} ({rd.family(d)})")
         ax.set_xlabel("x")
         ax.set_ylabel(obs)
-    axes[0].legend(fontsize="small", loc="best")
+    # A fixed corner: loc="best" searches over every plotted point, and matplotlib warns
+    # ("can be slow") when that search takes over a second, as it does on a loaded machine.
+    axes[0].legend(fontsize="small", loc="upper left")
     return _finish(fig, path)
 
 
@@ -382,7 +384,7 @@ def plot_prior_functions(
         ax.set_title(f"{name}: prior functions")
         ax.set_xlabel("x")
         ax.set_ylabel(obs)
-        ax.legend(fontsize="x-small", loc="best")
+        ax.legend(fontsize="x-small", loc="upper left")  # fixed corner: see above
     return _finish(fig, path)
 
 

@@ -304,7 +304,7 @@ def plot_sbc_ranks(
         )
         ax.set_xlabel(f"rank bin (L = {result.num_samples} draws)")
         ax.set_ylabel("count")
-    axes[0].legend(fontsize="x-small")
+    axes[0].legend(fontsize="x-small", loc="upper right")  # fixed: "best" is timed (plots.py)
     return _finish(fig, path)
 
 
