@@ -1,4 +1,4 @@
-"""Time the batched UCI engine (``benchmarks/uci_model.py``) on one dataset and device: a
+"""Time the batched UCI engine (``benchmarks/uci_model/``) on one dataset and device: a
 training step and a Monte-Carlo pass of the validation phase (all splits × the grid) and of
 the final phase (one member per split), compiled and eager, for a few guides.
 

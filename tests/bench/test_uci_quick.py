@@ -261,7 +261,8 @@ def test_dropout_objective_is_the_reference_keras_objective_up_to_a_constant(mon
     mask of Keras; the mask is read off the draw. A large length-scale makes the weight decay
     as large as the data term, so a wrong τ' (e.g. τ' = τ) fails.
     """
-    monkeypatch.setattr(uci_model, "LENGTH_SCALE", 2.0)
+    # build() reads LENGTH_SCALE in uci_model.builders: patch it there
+    monkeypatch.setattr(uci_model.builders, "LENGTH_SCALE", 2.0)
     torch.manual_seed(seed)
     n, d, h, tau, p = 1, 3, 6, 0.3, 0.3
     x, y = torch.randn(n, d), torch.randn(n)
@@ -289,7 +290,7 @@ def test_dropout_objective_is_the_reference_keras_objective_up_to_a_constant(mon
     k1, k2 = (1 - p) * m1, (1 - p) * m2
     hidden = torch.relu((x * z[0]) / (1 - p) @ k1.T + b1)
     f = ((hidden * z[1]) / (1 - p) @ k2.T + b2).squeeze(-1)
-    lam = uci_model.LENGTH_SCALE**2 * (1 - p) / (2 * n * tau)
+    lam = uci_model.builders.LENGTH_SCALE**2 * (1 - p) / (2 * n * tau)
     keras = ((y - f) ** 2).mean() + lam * ((k1**2).sum() + (k2**2).sum())
     ref = torch.autograd.grad(keras, (m1, m2))
     factor = n * uci_model.dropout_training_precision(tau, p) / 2

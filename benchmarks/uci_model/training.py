@@ -1,0 +1,129 @@
+"""Training the members: the minibatch loop of the ELBO (fused kernels, traced or eager)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pyro
+import torch
+
+from pyro_dropout import local_reparameterization
+from pyro_dropout.infer import CompiledSVI, JitMeanFieldELBO, MeanFieldELBO, fused_adam
+
+from .. import uci_fused
+from .members import _expand_members
+
+#: Steps per minibatch shape that ``JitMeanFieldELBO`` spends tracing (it traces the first two
+#: calls and checks that the graphs agree) plus the first run of the traced graph.
+_WARM_STEPS = 3
+
+
+@dataclass
+class FitStats:
+    steps: int
+    wall_s: float
+    final_loss: float
+    #: Of ``wall_s``, the seconds of the first :data:`_WARM_STEPS` steps of each minibatch
+    #: shape (tracing the compiled loss; the rate of later steps excludes them).
+    compile_s: float = 0.0
+    warm_steps: int = 0
+    jit: bool = False
+    #: What computed the loss: ``"fused"`` (:mod:`~benchmarks.uci_fused`'s
+    #: kernels), ``"traced"`` (``JitMeanFieldELBO``) or ``"eager"`` (``MeanFieldELBO``).
+    engine: str = "traced"
+
+    @property
+    def steps_per_s(self):
+        return self.steps / self.wall_s if self.wall_s > 0 else math.inf
+
+
+def train(
+    model,
+    guide,
+    x,
+    y,
+    per_split,
+    num_epochs,
+    batch_size=128,
+    lr=1e-3,
+    seed=0,
+    max_steps=None,
+    jit=True,
+    fused=True,
+    kernels=None,
+):
+    """Fit ``guide`` with ``MeanFieldELBO`` + local reparameterisation + Adam.
+
+    :param x: ``(S, N, D)`` standardised inputs of S splits (equal N), :param y: ``(S, N)``.
+    :param per_split: members per split (members are ordered split-major).
+    Minibatches: one random permutation of the N row positions per epoch, shared by all
+    members (each split permutes its own rows); the last batch of an epoch is smaller, as in
+    Keras. The likelihood is scaled by ``N / B``, the KL counted once per step.
+    :param max_steps: stop early (timing runs).
+    :param jit: use :class:`~pyro_dropout.infer.JitMeanFieldELBO` (one trace per minibatch
+        shape), run by TorchScript's unoptimised executor. The same estimator as the eager
+        ``MeanFieldELBO``, but not the same random stream: the traced graph drops the guide's
+        weight draws that local reparameterisation leaves unused.
+    :param fused: one fused Adam over all parameters (:func:`~pyro_dropout.infer.fused_adam`,
+        the same update as ``pyro.optim.Adam``).
+    :param kernels: train with :func:`~benchmarks.uci_fused.fused_loss`
+        (mean-field, variational dropout, MC dropout and Concrete dropout)
+        (the same loss as the traced one given the same noise, from numba kernels): ``None``
+        (the default) when ``jit`` and it supports the pair on CPU tensors, ``True`` always
+        (``ValueError`` naming why not), ``False`` never.
+    """
+    pyro.clear_param_store()
+    pyro.set_rng_seed(seed)
+    n = x.shape[1]
+    steps_per_epoch = math.ceil(n / batch_size)
+    total = num_epochs * steps_per_epoch if max_steps is None else max_steps
+    optim = fused_adam({"lr": lr}) if fused else pyro.optim.Adam({"lr": lr})
+    if kernels is None:  # compiled training: the kernels where they apply
+        kernels = jit and x.device.type == "cpu" and uci_fused.supports(model, guide)
+    elif kernels and not uci_fused.supports(model, guide):
+        raise ValueError(f"kernels=True: {uci_fused.unsupported_reason(model, guide)}")
+    if kernels:
+        engine = "fused"
+        svi = uci_fused.FusedSVI(model, guide, optim)
+    else:
+        engine = "traced" if jit else "eager"
+        elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
+            max_plate_nesting=model.max_plate_nesting
+        )
+        svi = CompiledSVI(model, guide, optim, elbo)  # SVI.step where not compiled and fused
+    loss = math.nan
+    order = None
+    seen, warm_steps, compile_s = {}, 0, 0.0
+    start = time.perf_counter()
+    # The graph executor's optimisations (differentiable subgraphs; no fusion on CPU) made
+    # the compiled step slower than eager on large steps; unoptimised it is the fastest
+    # (kin8nm, dropout, one thread, ms/step eager / optimised / unoptimised: 240 members
+    # 37.1 / 39.3 / 32.2, 20 members 5.3 / 3.2 / 3.0).
+    with (
+        pyro.validation_enabled(False),
+        local_reparameterization(),
+        torch.jit.optimized_execution(not jit),
+    ):
+        for step in range(total):
+            k = step % steps_per_epoch
+            if k == 0:
+                order = torch.randperm(n)
+            idx = order[k * batch_size : (k + 1) * batch_size]
+            xb = _expand_members(x[:, idx], per_split)
+            yb = _expand_members(y[:, idx], per_split)
+            t0 = time.perf_counter()
+            loss = svi.step(xb, yb, num_data=n)
+            if (jit or kernels) and seen.get(xb.shape, 0) < _WARM_STEPS:
+                # the first calls of a minibatch shape trace (and check) the compiled loss
+                seen[xb.shape] = seen.get(xb.shape, 0) + 1
+                warm_steps += 1
+                compile_s += time.perf_counter() - t0
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"UCI benchmark: the loss became {loss} at step {step} of {total}"
+                )
+    return FitStats(
+        total, time.perf_counter() - start, float(loss), compile_s, warm_steps, jit, engine
+    )
