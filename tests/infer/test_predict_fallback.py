@@ -58,6 +58,7 @@ def test_fallback_warns_once_and_equals_vectorize_false(fitted, where, monkeypat
     message = str(caught[0].message)
     assert "does not broadcast over a leading draw dimension" in message
     assert "raised RuntimeError: 1D tensors expected" in message  # the exception, named
+    assert "Trace Shapes" not in message  # Pyro's shape table of the failed trace, cut off
     assert "one model run per draw instead of one per 4 draws" in message
     assert "vectorize=False" in message
     assert caught[0].filename == __file__  # the user's line, not the library's

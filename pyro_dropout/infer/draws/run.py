@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import sys
 import warnings
 
@@ -208,7 +209,7 @@ def _no_broadcast(e):
 def _first_part(e):
     """The exception's message without the trace shapes Pyro appends to an error raised in a
     traced model (empty tables here, which only lengthen the warning)."""
-    return str(e).split("\nTrace Shapes:")[0].rstrip()
+    return re.split(r"\n\s*Trace Shapes:", str(e))[0].rstrip()
 
 
 def _no_broadcast_message(e, chunk_size):
