@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..infer.draws.modes import module_mode as _module_mode
+from ..infer.draws.run import one_warning_per_model
 from . import _arviz_compat as compat
 from . import _reader as rd
 from . import metrics
@@ -191,6 +192,7 @@ def _reference_info(reference: Any, intervals: Sequence[float]) -> tuple[dict, s
     return cols, note, bool(rhat > RHAT_THRESHOLD)
 
 
+@one_warning_per_model()
 def compare(
     fits: Mapping[str, Any],
     *,

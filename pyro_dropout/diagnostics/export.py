@@ -50,6 +50,7 @@ from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
 from ..infer.draws.modes import module_mode as _module_mode
+from ..infer.draws.run import one_warning_per_model
 from . import _arviz_compat as compat
 from .groups import build_groups, build_prior_groups, guide_info
 from .samples import samples_inference_data
@@ -69,6 +70,7 @@ __all__ = [
 __test__ = {"guide_info": guide_info}
 
 
+@one_warning_per_model()
 def to_inference_data(
     model: Any,
     guide: Any,
@@ -251,6 +253,7 @@ def _prior_export(model, x, y, num_samples, obs_name, parallel, var_names, dims,
     return compat.build(keep, attrs)
 
 
+@one_warning_per_model()
 def add_prior(
     data: Any,
     model: Any,

@@ -36,6 +36,7 @@ from .._version import __version__
 from ..handlers import weight_draws
 from ..infer.data import as_model_input
 from ..infer.draws import _DRAW_PLATE, NotVectorizable
+from ..infer.draws.run import checking, one_warning_per_model, warn_fallback
 from . import _arviz_compat as compat
 from .groups import build_groups, guide_info
 from .sampling import Draws, PredictiveDraws, check_inputs, draw_posterior
@@ -92,7 +93,8 @@ class SamplesGuide:
                 pad = -frame.dim - 1 - batch_ndim
                 value = chunk.reshape((c,) + (1,) * pad + tuple(chunk.shape[1:]))
             pyro.sample(name, dist.Delta(value, event_dim=event_dim))
-        self.cursor += c
+        if not checking():  # the vectorisation check's draw is discarded: not used up
+            self.cursor += c
 
 
 def mcmc_samples(mcmc: Any) -> tuple[dict[str, torch.Tensor], int]:
@@ -184,6 +186,7 @@ def _base_attrs(model: Any, family: str, config: dict, obs_name: str, task: str,
     }
 
 
+@one_warning_per_model()
 def samples_inference_data(
     model: Any,
     samples: Any,
@@ -248,9 +251,16 @@ def samples_inference_data(
             draws = draw_posterior(
                 model, guide, x, y, total, x_test, y_test, obs_name=obs_name, parallel=mode
             )
-        except NotVectorizable:
+        except NotVectorizable as e:
             if mode is True and parallel == "auto":
-                continue  # the model does not broadcast: one draw per pass
+                # the failed pass used up stored draws: start again, one draw per pass
+                warn_fallback(
+                    f"{e.reason}. Replaying the draws one per pass instead: the same numbers, "
+                    "one model run per draw. parallel=False skips the vectorised pass and "
+                    "this warning.",
+                    model,
+                )
+                continue
             raise
         break
     if guide.cursor != total:  # every stored draw used exactly once, in order
@@ -315,6 +325,7 @@ def _check_distinct(parts: Sequence[Draws], members: Sequence[tuple[Any, Any]]) 
                 )
 
 
+@one_warning_per_model()
 def ensemble_inference_data(
     members: Sequence[tuple[Any, Any]],
     x: Any,

@@ -74,6 +74,7 @@ import torch
 
 from ..infer.data import as_model_input
 from ..infer.draws import run_draws
+from ..infer.draws.run import one_warning_per_model
 from ..infer.fit import fit
 from .groups import guide_info
 from .sampling import draw_posterior, find_obs_site, prior_guide
@@ -425,6 +426,7 @@ def _config(spec: _Spec, num_replications: int) -> dict[str, Any]:
     }
 
 
+@one_warning_per_model()  # every replication refits and redraws the one model
 def simulation_based_calibration(
     model: Any,
     guide_factory: Callable[[Any], Any] | Mapping[str, Callable[[Any], Any]],

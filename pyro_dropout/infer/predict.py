@@ -274,8 +274,10 @@ def predict(
         widest layer output and the passes keep it near :data:`CHUNK_ELEMENTS` (1M elements on
         a CPU, where cache-sized passes are fastest; 64M elsewhere).
     :param vectorize: ``"auto"``, ``True`` (error when the model does not broadcast) or
-        ``False`` (one draw per pass). Before its first vectorised pass the run checks that
-        the model gives the first draw's results when that draw is replayed vectorised
+        ``False`` (one draw per pass, no warning). A model that raises on a vectorised pass
+        makes ``"auto"`` draw one per pass with one
+        :class:`~pyro_dropout.infer.draws.VectorizationWarning` naming the exception.
+        Before its first vectorised pass the run checks that the model gives the first draw's results when that draw is replayed vectorised
         (:mod:`~pyro_dropout.infer.draws.verify`): a module that mistakes the draws for rows
         (``BatchNorm1d(H)`` on ``N == H`` rows) makes ``"auto"`` draw one per pass, with a
         :class:`~pyro_dropout.infer.draws.VectorizationWarning`, and ``True`` raise.

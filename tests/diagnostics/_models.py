@@ -23,7 +23,8 @@ def linreg_model(x, y=None):
 
 
 def multi_out_model(x, y=None):
-    """2-output linear model with a (out, in) weight, a bias, a noise scale, a deterministic."""
+    """2-output linear model with a (out, in) weight, a bias, a noise scale, a deterministic
+    (sequential draws only: the bias and the scalar scale do not broadcast over draws)."""
     d_in, d_out = x.shape[-1], 2
     W = pyro.sample("W", dist.Normal(torch.zeros(d_out, d_in, dtype=x.dtype), 1.0).to_event(2))
     b = pyro.sample("b", dist.Normal(torch.zeros(d_out, dtype=x.dtype), 1.0).to_event(1))

@@ -17,6 +17,7 @@ from scipy.special import log_softmax
 
 from pyro_dropout.diagnostics import _arviz_compat as compat
 from pyro_dropout.diagnostics import from_netcdf, summary, to_inference_data, to_netcdf
+from pyro_dropout.infer.draws import VectorizationWarning
 
 from ._models import SIGMA, categorical_model, linreg_model, multi_out_model, normal_guide
 
@@ -116,7 +117,10 @@ def test_multi_output_dims_deterministic_and_attrs(multi_out_data):
     guide.family = "mean_field"
     guide.config = {"init_scale": 0.1, "nested": {"a": [1, 2]}}
     guide(x, y)  # set up: an export refuses a guide never run (as predict does)
-    d = to_inference_data(multi_out_model, guide, x, y, 20, var_names=["W", "b", "s", "W_norm"])
+    # the model does not broadcast over the draws (its scalar noise s, shaped (draws, 1),
+    # meets the (N, 2) event of Normal(f, s).to_event(1)): one draw per pass, said once
+    with pytest.warns(VectorizationWarning, match="does not broadcast over a leading draw"):
+        d = to_inference_data(multi_out_model, guide, x, y, 20, var_names=["W", "b", "s", "W_norm"])
     post = group(d, "posterior")
     assert post["W"].dims == ("chain", "draw", "W_out", "W_in")
     assert post["W"].shape == (1, 20, 2, 3)

@@ -20,6 +20,7 @@ from pyro_dropout import (
     to_inference_data,
 )
 from pyro_dropout.infer import CompilationWarning, MeanFieldELBO
+from pyro_dropout.infer.draws import VectorizationWarning
 
 
 def _data(n=60, d=3, seed=0):
@@ -137,7 +138,9 @@ def test_a_models_subsampled_plate_is_driven_by_fit():
         fit(model, guide, x, y, num_steps=1, batch_size=8, progress=False)
     with pytest.raises(ValueError, match="jit=True"):
         fit(model, guide, x, y, num_steps=1, jit=True, progress=False)
-    pred = predict(model, guide, x, num_samples=3)
+    # f[ind] indexes the draws of a vectorised pass (f[..., ind] would not): one draw per pass
+    with pytest.warns(VectorizationWarning, match="does not broadcast over a leading draw"):
+        pred = predict(model, guide, x, num_samples=3)
     assert pred.samples.shape == (3, 50)
 
 

@@ -392,7 +392,9 @@ class Kind:
     guide_list: bool = False  # guide the weights by an AutoGuideList (with AutoNormal)
     #: weight draws broadcast through the model (``Predictive(parallel=True)`` under
     #: ``weight_draws``): "exact", "raises" (the model's own code does not broadcast; one draw
-    #: per pass) or "wrong" (silently wrong numbers today); see test_kinds.py's last tests
+    #: per pass, with one ``VectorizationWarning`` per call of ``predict`` and the export) or
+    #: "wrong" (wrong numbers from a vectorised pass: the check catches them and warns; the
+    #: zoo draws these one per pass); see test_kinds.py's last tests
     parallel: str = "exact"
 
 

@@ -9,7 +9,10 @@ Pyro model:
   left of the model's plates (as ``Predictive(parallel=True)``). The first draw runs alone and
   gives the per-draw shapes; a chunk whose results do not have them, or that raises (e.g. a
   ``MaxPool2d`` seeing a 5-D input), switches the run to one draw per pass, which gives the
-  same distribution. ``vectorize=True`` makes that an error instead.
+  same distribution, with one :class:`VectorizationWarning` (at the caller's line, naming the
+  exception; once per model in an entry point that runs it several times).
+  ``vectorize=True`` makes that an error instead, ``vectorize=False`` skips the vectorised
+  pass and the warning.
 * **Every row, never a subsample.** A subsampled ``pyro.plate`` (``subsample_size=B``) is given
   every index in passes of exactly ``B`` indices (the last pass is completed with indices from
   the start, whose results are dropped), all replaying the same guide draw.

@@ -12,11 +12,17 @@ _DRAW_PLATE = "_pyro_dropout_draws"
 
 
 class NotVectorizable(RuntimeError):
-    """The model does not broadcast over a leading sample dimension."""
+    """The model does not broadcast over a leading sample dimension. ``reason``: what went
+    wrong, without the advice (for a caller that falls back and warns)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+        self.reason = message if reason is None else reason
 
 
 class VectorizationWarning(UserWarning):
-    """A run drew one draw per pass because the vectorised pass gave other results."""
+    """A run drew one draw per pass because a vectorised pass raised (the model does not
+    broadcast over a leading draw dimension) or gave other results than one draw alone."""
 
 
 class SubsampleIndices(Messenger):

@@ -5,6 +5,8 @@ pass where the model does not broadcast."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import re
 import sys
 import warnings
 
@@ -71,7 +73,9 @@ def run_draws(
         ``local_reparameterization()``) or an estimator of
         :func:`~pyro_dropout.local_reparameterization` (``"auto"``, ``"lrt"``, ...).
     :param vectorize: ``"auto"`` (vectorised passes, one draw per pass when the model does not
-        broadcast or gives other results vectorised, with a :class:`VectorizationWarning`),
+        broadcast or gives other results vectorised, with one :class:`VectorizationWarning`
+        per run at the caller's line, naming the exception or the difference; after a failed
+        first pass the generator is rewound, so the draws are those of ``False``),
         ``True`` (vectorised or :class:`NotVectorizable`) or ``False``. Before the first
         vectorised pass the first draw, taken alone, is replayed twice in one vectorised pass
         and must give its own results (:mod:`~pyro_dropout.infer.draws.verify`): a model
@@ -124,6 +128,7 @@ def run_draws(
             widest = max(messenger.widest_output, *(_widest(tr) for c in m_trs for _, tr in c))
             chunk_size = max(2, budget // max(1, widest))
         vectorized = vectorize is not False
+        per_pass = min(int(chunk_size), num_draws - 1)  # draws per vectorised pass (messages)
         checked = vectorize is False or not needs_check(model)
         done = 1
         while done < num_draws:
@@ -133,31 +138,34 @@ def run_draws(
                 devices = [d.device for d in data if d.device.type == "cuda"]
                 try:
                     # on a forked RNG: the run's draws are those of vectorize=False
-                    with torch.random.fork_rng(devices=devices):
+                    with torch.random.fork_rng(devices=devices), _checking():
                         problem = _check(model, guide, data, probe, estimator, nesting, opts)
                 except Exception as e:  # noqa: BLE001 - whatever the model's code raises
                     if vectorize is True:
-                        raise NotVectorizable(_not_vectorizable(e)) from e
+                        raise NotVectorizable(_not_vectorizable(e), _no_broadcast(e)) from e
+                    warn_fallback(_no_broadcast_message(e, per_pass), model)
                     vectorized = False
                     continue
                 if problem is not None:
                     if vectorize is True:
-                        raise NotVectorizable(problem)
-                    warnings.warn(
-                        _fallback_message(problem, int(chunk_size)),
-                        VectorizationWarning,
-                        stacklevel=_user_level(),
-                    )
+                        raise NotVectorizable(problem, _differs(problem))
+                    warn_fallback(_fallback_message(problem, per_pass), model)
                     vectorized = False
                     continue
             if c > 1:
                 draw_dim = -(nesting + 1)
+                rng = _rng_state(data)
                 try:
                     g_tr, m_trs = _draw(model, guide, data, (c, draw_dim))
                     part = _collect(data, g_tr, m_trs, c, draw_dim, nesting, opts)
                 except Exception as e:  # noqa: BLE001 - whatever the model's code raises
                     if vectorize is True:
-                        raise NotVectorizable(_not_vectorizable(e)) from e
+                        raise NotVectorizable(_not_vectorizable(e), _no_broadcast(e)) from e
+                    # the failed pass's draws are discarded: rewinding the generator makes
+                    # the draws that replace them those of vectorize=False
+                    _set_rng_state(data, rng)
+                    # vectorized = False ends the vectorised passes: one warning per run
+                    warn_fallback(_no_broadcast_message(e, per_pass), model)
                     vectorized = False
                     continue
                 run.vectorized = True
@@ -173,9 +181,103 @@ def run_draws(
 def _not_vectorizable(e):
     return (
         "the model does not broadcast over a leading sample dimension (as "
-        f"Predictive(parallel=True) needs): {type(e).__name__}: {e}. Use vectorize='auto' (one "
-        "draw per pass when vectorising fails) or vectorize=False."
+        f"Predictive(parallel=True) needs): {type(e).__name__}: {_first_part(e)}. Use "
+        "vectorize='auto' (one draw per pass when vectorising fails) or vectorize=False."
     )
+
+
+def _rng_state(data):
+    """Torch's generator states (CPU and each CUDA device of the data)."""
+    devices = sorted({d.device.index or 0 for d in data if d.device.type == "cuda"})
+    return torch.get_rng_state(), {i: torch.cuda.get_rng_state(i) for i in devices}
+
+
+def _set_rng_state(data, state):
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    for i, s in cuda.items():
+        torch.cuda.set_rng_state(s, i)
+
+
+def _no_broadcast(e):
+    return (
+        "the model does not broadcast over a leading draw dimension: a vectorised pass of "
+        f"draws raised {type(e).__name__}: {_first_part(e)}"
+    )
+
+
+def _first_part(e):
+    """The exception's message without the trace shapes Pyro appends to an error raised in a
+    traced model (empty tables here, which only lengthen the warning)."""
+    return re.split(r"\n\s*Trace Shapes:", str(e))[0].rstrip()
+
+
+def _no_broadcast_message(e, chunk_size):
+    return (
+        f"{_no_broadcast(e)}. Drawing one draw per pass instead: the same distribution, one "
+        f"model run per draw instead of one per {chunk_size} draws. "
+        "vectorize=False skips the vectorised pass and this warning; a model whose ops "
+        "broadcast over leading dimensions (x @ w.transpose(-1, -2), not a Python loop over "
+        "rows or x.view(N, -1)) runs vectorised."
+    )
+
+
+def _differs(problem):
+    return (
+        "the model's results on a vectorised pass of draws differ from its results one draw "
+        f"at a time: {problem}"
+    )
+
+
+_CHECKING = contextvars.ContextVar("pyro_dropout_checking", default=False)
+
+
+def checking():
+    """True while :func:`run_draws` checks a vectorised pass: the check's draws are discarded
+    (its generator is forked), so a guide that hands out stored draws in order
+    (:class:`~pyro_dropout.diagnostics.samples.SamplesGuide`) must not use one up."""
+    return _CHECKING.get()
+
+
+@contextlib.contextmanager
+def _checking():
+    token = _CHECKING.set(True)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
+#: the models whose fallback has warned in the enclosing :func:`one_warning_per_model` (an
+#: entry point that runs a model several times, e.g. the export's posterior and prior runs)
+_WARNED: contextvars.ContextVar[set | None] = contextvars.ContextVar(
+    "pyro_dropout_vectorization_warned", default=None
+)
+
+
+@contextlib.contextmanager
+def one_warning_per_model():
+    """Inside it each model's :class:`VectorizationWarning` is raised once, however many runs
+    fall back (nested blocks share the outer one's record)."""
+    if _WARNED.get() is not None:
+        yield
+        return
+    token = _WARNED.set(set())
+    try:
+        yield
+    finally:
+        _WARNED.reset(token)
+
+
+def warn_fallback(message, model):
+    """Never silent: the fallback's :class:`VectorizationWarning`, at the user's line. Called
+    once per run at most (the run stays sequential afterwards)."""
+    warned = _WARNED.get()
+    if warned is not None:
+        if id(model) in warned:
+            return
+        warned.add(id(model))
+    warnings.warn(message, VectorizationWarning, stacklevel=_user_level())
 
 
 def _check(model, guide, data, probe, estimator, nesting, opts):
@@ -212,8 +314,7 @@ def _check(model, guide, data, probe, estimator, nesting, opts):
 
 def _fallback_message(problem, chunk_size):
     return (
-        f"the model's results on a vectorised pass of draws differ from its results one draw "
-        f"at a time: {problem}. A module whose result depends on the input's rank sees the "
+        f"{_differs(problem)}. A module whose result depends on the input's rank sees the "
         "draws as rows (BatchNorm1d on a (draws, N, H) input with N equal to its width; an op "
         "on dim 0 or 1 of the hidden activations); a model drawing its own "
         "random numbers (nn.Dropout in train mode) cannot be checked. Drawing one draw per "
@@ -222,13 +323,23 @@ def _fallback_message(problem, chunk_size):
     )
 
 
+#: frames a warning skips on its way to the user's line: this package's, and the wrappers of
+#: decorators on its entry points (``@torch.no_grad()`` on ``predict`` adds a frame of
+#: ``torch.utils._contextlib``, which the warning named before)
+_NOT_USER = ("pyro_dropout", "torch.utils._contextlib", "contextlib", "functools")
+
+
 def _user_level():
     """The stack level of the first frame outside this package (for warnings)."""
     level, frame = 1, sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("pyro_dropout"):
+    while frame is not None and _is_library(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
         level += 1
     return level
+
+
+def _is_library(module):
+    return any(module == m or module.startswith(m + ".") for m in _NOT_USER)
 
 
 def _widest(trace):
