@@ -18,8 +18,8 @@ def _fresh_pyro_state():
 def _free_traced_graphs():
     """Pyro's own JIT (``pyro.ops.jit.trace``, e.g. the NUTS reference's ``jit_compile``)
     registers each trace in TorchScript's global compilation unit for the life of the process.
-    The library's compiled losses do not (``pyro_dropout.infer.traced``; tested in
-    ``tests/infer/test_compiled_default.py``); the rest is dropped after each module. The unit
+    The library's compiled losses use no TorchScript (``pyro_dropout.infer.capture``); Pyro's
+    traces are dropped after each module. The unit
     holds nothing else here (empty after importing the library, Lightning, ArviZ, scikit-learn)."""
     yield
     import gc

@@ -178,7 +178,7 @@ def test_the_walk_sees_the_edges_that_matter():
     graph = import_graph(ROOT, PACKAGE)
     assert "pyro_dropout.infer.elbo" in graph["pyro_dropout.infer.fit"]
     assert "pyro_dropout.diagnostics" in graph["pyro_dropout"]  # lazy, inside __getattr__
-    assert "pyro_dropout.infer.traced" in graph["pyro_dropout.infer.compiled"]
+    assert "pyro_dropout.infer.capture" in graph["pyro_dropout.infer.compiled"]
     assert len(graph) > 60 and sum(map(len, graph.values())) > 150
 
 

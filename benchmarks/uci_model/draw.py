@@ -1,15 +1,14 @@
-"""One vectorised Monte-Carlo draw of the members' predictions (eager or traced)."""
+"""One vectorised Monte-Carlo draw of the members' predictions (eager or captured)."""
 
 from __future__ import annotations
 
 import time
-import warnings
 
 import pyro
 import torch
 from pyro import poutine
 
-from pyro_dropout.infer import traced
+from pyro_dropout.infer.capture import CapturedFunction
 
 
 class _Draw:
@@ -22,9 +21,9 @@ class _Draw:
       pre-activations per example (the guide's weight draws are unused), so the blocks are
       independent draws exactly as in one full pass.
 
-    With ``jit``, one TorchScript trace per ``(c, input shape, rows)``
-    (:func:`pyro.ops.jit.trace`): the traced graph draws fresh random numbers on each call but
-    skips Pyro's Python-level effect handling."""
+    With ``jit``, one capture per ``(c, input shape, rows)``
+    (:class:`~pyro_dropout.infer.capture.CapturedFunction`): the replayed graph draws fresh
+    random numbers on each call but skips Pyro's Python-level effect handling."""
 
     def __init__(self, model, guide, jit):
         self.model, self.guide, self.jit = model, guide, jit
@@ -50,13 +49,9 @@ class _Draw:
         fn = self._compiled.get(key)
         first = fn is None
         if first:
-            fn = self._compiled[key] = traced.trace(
-                lambda x: self._eager(x, c, rows), ignore_warnings=True
-            )
+            fn = self._compiled[key] = CapturedFunction(lambda x: self._eager(x, c, rows))
             t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
-            f = fn(x)
+        f = fn(x)
         if first:
             self.compile_s += time.perf_counter() - t0
             self.compile_samples += c

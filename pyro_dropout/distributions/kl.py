@@ -90,7 +90,7 @@ def kl_bernoulli_masked_normal_normal(q: BernoulliMaskedNormal, p: Normal) -> to
     # (1 - p) KL_on + p KL_off - H with KL_on = const + ½ Σ_out ((m - μ0) / s0)², arranged
     # so that the terms free of m come first: with a fixed rate, slab and prior (MC dropout)
     # they are constants of a compiled loss, and m costs four operations (see
-    # infer/graph_passes.py).
+    # infer/capture.py).
     fixed = (1 - rate) * const + rate * kl_off - bernoulli_entropy
     on = _sum_as_expanded(((q.loc - loc0) / scale0) ** 2, full, [out_dim])
     per_column = (0.5 * (1 - rate)) * on + fixed
@@ -323,7 +323,7 @@ def kl_normal_normal(q: Normal, p: Normal) -> torch.Tensor:
         kl = kl + (p_scale.log() - 0.5)
     else:
         # A fixed scale (AutoDropout's biases): its terms apart from μ_q's, so that they are
-        # constants of a compiled loss and μ_q costs three operations (infer/graph_passes.py).
+        # constants of a compiled loss and μ_q costs three operations (infer/capture.py).
         of_scale = (q.scale * q.scale * half_precision - q.scale.log()) + (p_scale.log() - 0.5)
         kl = diff * diff * half_precision + of_scale
     return kl.expand(broadcast_shape(q.batch_shape, p.batch_shape))

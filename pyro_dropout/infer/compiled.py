@@ -1,18 +1,16 @@
-"""``MeanFieldELBO`` compiled with Pyro's JIT, checked, and eager where it cannot be compiled.
+"""``MeanFieldELBO`` captured once per input signature and replayed, checked, and eager where it
+cannot be captured.
 
-Why TorchScript tracing (``pyro.ops.jit.trace``) and not ``torch.compile``: measured on the
-speed benchmark's W1 network (8-50-1, batch 32, one CPU thread, torch 2.13), ``torch.compile``
-of the loss took 47 s to compile and split it into 21 graphs (Dynamo breaks on Pyro's effect
-handlers: ``TypedDict`` messages, ``.item()``), while a trace takes well under a second and runs
-a step in one graph (``docs/benchmarks/speed.md``).
-
-TorchScript is deprecated upstream, and the trace goes through its internals
-(:mod:`pyro_dropout.infer.traced`). So this module touches no TorchScript API when imported:
-``traced`` is imported on the first trace, and where this torch lacks what it needs, the loss
-runs eagerly with one :class:`CompilationWarning` (``tests/infer/test_durable.py``).
+How: :mod:`pyro_dropout.infer.capture` records the loss's tensor operations with torch's public
+``TorchFunctionMode`` and replays them as a ``torch.fx`` graph (public APIs only). Why not
+TorchScript tracing, which did this until 0.1: it is deprecated upstream, and the fast path
+went through its internals; why not ``torch.compile`` or ``torch.export``: measured on the speed
+benchmark's W1 loss (8-50-1, batch 32, one CPU thread, torch 2.13), ``torch.compile`` took 47 s
+and split it into 21 graphs (Dynamo breaks on Pyro's effect handlers), ``torch.export`` 3.6 s
+and could not build the tensor subclass that routes guided weights; a capture takes ~0.05 s.
+Where a loss cannot be captured, it runs eagerly with one :class:`CompilationWarning`.
 """
 
-import contextlib
 import sys
 import warnings
 import weakref
@@ -25,6 +23,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.util import warn_if_nan
 
 from ..handlers.lrt_messenger import _user_stacklevel
+from .capture import CapturedFunction
 from .compile_warning import CompilationWarning
 from .mean_field_elbo import MeanFieldELBO
 
@@ -63,51 +62,46 @@ def _cuda_devices(args, kwargs):
 
 
 def _graph_text(fn):
-    """The ops of a Pyro-compiled function's TorchScript graph as traced (before it was
-    simplified), without source locations."""
-    (script,) = fn.compiled.values()
-    return getattr(script, "text", None) or script.graph.str(False)
+    """What a captured function recorded (calls, shapes, the Python values they took)."""
+    return fn.captured.text
 
 
 class JitMeanFieldELBO(MeanFieldELBO):
-    r""":class:`MeanFieldELBO` compiled with Pyro's JIT (:func:`pyro.ops.jit.trace`, i.e.
-    TorchScript tracing): after the first steps of each input signature, a step runs one traced
-    graph without Pyro's Python-level effect handling (2–3× faster steps on small networks; see
-    ``docs/benchmarks/speed.md``). ``fit(..., jit="auto")`` trains with it.
+    r""":class:`MeanFieldELBO` captured and replayed (:mod:`pyro_dropout.infer.capture`): after
+    the first steps of each input signature, a step runs one ``torch.fx`` graph of the loss's
+    tensor operations without Pyro's Python-level effect handling (faster steps on small
+    networks; see ``docs/benchmarks/speed.md``). ``fit(..., jit="auto")`` trains with it.
 
-    **Checked.** A trace records the operations of one call; Python control flow that depends
+    **Checked.** A capture records the operations of one call; Python control flow that depends
     on the data or on random draws (``if x.mean() > 0``, a value read with ``.item()``) would be
-    frozen into it. So each signature is traced twice, on its first two calls (normally two
-    different minibatches), and the two graphs must be identical (the ops, shapes and constants;
-    source locations aside). A model whose graph changes is data dependent: with
+    frozen into it. So each signature is captured twice, on its first two calls (normally two
+    different minibatches), and the two records must be identical (the calls, shapes and the
+    Python values they took). A model whose record changes is data dependent: with
     ``fallback=True`` it then runs eagerly from that step on, with one
     :class:`CompilationWarning` that says why; otherwise a ``RuntimeError`` says so. The check
     cannot see a branch that takes the same side on both minibatches, nor Python side effects
-    (e.g. a model appending to a list, or reading a global that changes between steps).
+    (e.g. a model appending to a list, or reading a global that changes between steps). Each
+    capture is also replayed once against the call it recorded (outputs and gradients).
 
     **Fallback.** With ``fallback=True`` (``fit(..., jit="auto")``), a model that cannot
-    be traced at all (an argument of another type, an op TorchScript cannot record, a model
-    whose trace changes), or whose inputs take more than :data:`MAX_SIGNATURES` shapes, runs
+    be captured (an argument of another type, an operation outside torch's Python API, a model
+    whose record changes), or whose inputs take more than :data:`MAX_SIGNATURES` shapes, runs
     eagerly with one :class:`CompilationWarning` naming the reason: the same loss, slower steps.
     With ``fallback=False`` (``jit=True``) these are errors.
 
-    Why not Pyro's ``JitTraceMeanField_ELBO``: in Pyro 1.9 it re-creates its compiled function on
-    every call (it caches under a different attribute name than it tests), so it retraces each
-    step (measured 55 ms per step instead of 1.2 ms), and its cache ignores the shapes of tensor
-    arguments, which a trace bakes in (a smaller last minibatch would reuse the wrong graph).
-    Here one trace is kept per (model, guide, argument shapes/dtypes/devices, non-tensor
-    arguments, active Pyro handlers) and reused.
-
-    **Memory.** The traces belong to this ELBO and are freed with it
-    (:mod:`pyro_dropout.infer.traced`; ``pyro.ops.jit.trace`` would leave each in TorchScript's
-    global compilation unit for the life of the process, ~44 MB per fit of a 20-200-200-1
-    network).
+    Why not Pyro's ``JitTraceMeanField_ELBO``: it traces with TorchScript (deprecated upstream),
+    in Pyro 1.9 it re-creates its compiled function on every call (it caches under a different
+    attribute name than it tests), so it retraces each step (measured 55 ms per step instead of
+    1.2 ms), and its cache ignores the shapes of tensor arguments, which a trace bakes in.
+    Here one graph is kept per (model, guide, argument shapes/dtypes/devices, non-tensor
+    arguments, active Pyro handlers) and reused; the graphs belong to this ELBO and are freed
+    with it.
 
     Requirements (as for any Pyro JIT ELBO): tensor inputs are passed as arguments, and nothing
     else the model and guide read changes between steps except Pyro parameters (e.g. a fixed
     likelihood precision is baked into the graph; build a new ELBO after changing it). Argument
-    validation runs on the first, eager call of each signature. ``torch.jit.trace`` is
-    deprecated from torch 2.14 (it still works; its ``FutureWarning`` is silenced here).
+    validation runs on the first, eager call of each signature. ``ignore_jit_warnings`` and
+    ``jit_options`` are accepted for compatibility with Pyro's JIT ELBOs and have no effect.
     """
 
     def __init__(
@@ -142,17 +136,13 @@ class JitMeanFieldELBO(MeanFieldELBO):
 
     def _trace(self, model, guide, terms):
         weakself = weakref.ref(self)
-        # One traced graph per output: the loss alone, or (loss, data, kl) for logging.
+        # One graph per output: the loss alone, or (loss, data, kl) for logging.
         method = MeanFieldELBO.loss_terms if terms else MeanFieldELBO.differentiable_loss
 
         def loss(*args, **kwargs):
             return method(weakself(), model, guide, *args, **kwargs)
 
-        from . import traced  # lazy: TorchScript is touched only when a loss is compiled
-
-        return traced.trace(
-            loss, ignore_warnings=self.ignore_jit_warnings, jit_options=self.jit_options
-        )
+        return CapturedFunction(loss)
 
     def _run(self, model, guide, args, kwargs, terms):
         """The compiled call (tracing on the first two calls of a signature, see the class
@@ -170,29 +160,22 @@ class JitMeanFieldELBO(MeanFieldELBO):
                 "pad or drop the last minibatch to keep one shape"
             )
         calls = 0 if entry is None else entry[1]
-        if entry is None:
-            from . import traced
-
-            missing = traced.unavailable()
-            if missing is not None:  # checked first: a failed trace would say less
-                if not self.fallback:
-                    raise RuntimeError(f"JitMeanFieldELBO: {missing}; use jit=False")
-                raise _Eager(missing)
         if calls < 2:  # trace (again): the second trace checks the first
             fn = self._trace(model, guide, terms)
             try:
-                # Tracing runs the model and guide eagerly (twice, in Pyro's JIT) and leaves the
-                # random stream untouched, so that every step draws exactly what its graph
-                # draws: a run resumed from a checkpoint repeats the uninterrupted one.
+                # Capturing runs the model and guide eagerly (twice: parameters, then the
+                # record) and leaves the random stream untouched, so that every step draws
+                # exactly what its graph draws: a run resumed from a checkpoint repeats the
+                # uninterrupted one.
                 with torch.random.fork_rng(devices=_cuda_devices(args, kwargs)):
                     self._call(fn, args, kwargs)
             except Exception as err:  # noqa: BLE001 - any tracing failure: run eagerly instead
                 if not self.fallback:
                     raise
-                raise _Eager(f"tracing failed with {type(err).__name__}: {err}") from err
+                raise _Eager(f"capturing failed with {type(err).__name__}: {err}") from err
             if entry is not None and _graph_text(fn) != _graph_text(entry[0]):
                 msg = (
-                    "the traced graph differs between two minibatches of the same shape: the "
+                    "the captured graph differs between two minibatches of the same shape: the "
                     "model or guide has Python control flow or constants that depend on the "
                     "data or on random draws (e.g. `if x.mean() > 0`, `.item()`)"
                 )
@@ -206,21 +189,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
 
     @staticmethod
     def _call(fn, args, kwargs):
-        # On the CPU, TorchScript's optimising executor has no fuser in this torch build ("LLVM
-        # Backend not found"); what it adds (differentiable subgraphs run by its interpreter,
-        # profiling) made steps slower: the batched UCI step (240 members, ms per step,
-        # optimised / not) dropout 39.3 / 32.2, mean-field 55.9 / 44.0; the speed benchmark's
-        # W2 mean-field 2.18 / 1.98x and VD 2.73 / 2.37x the plain step; and, once the graphs
-        # were simplified (graph_passes), W1 too (one process, median of 5 rounds, optimised /
-        # not): AutoDropout 1.64 / 1.49x, mean-field 1.98 / 1.88x, VD and Concrete equal. Its
-        # symbolic gradients can also be less accurate (softplus: see graph_passes). On a GPU it
-        # can fuse.
-        optimize = bool(_cuda_devices(args, kwargs))
-        executor = getattr(torch.jit, "optimized_execution", None)  # gone with TorchScript
-        mode = executor(optimize) if executor is not None else contextlib.nullcontext()
-        with warnings.catch_warnings(), mode:
-            warnings.filterwarnings("ignore", message=".*torch.jit.trace. is deprecated")
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
 
     def _eager(self, reason):
         self.eager_reason = reason
@@ -250,9 +219,9 @@ class JitMeanFieldELBO(MeanFieldELBO):
         guide: Callable[..., Any],
         args: tuple,
         kwargs: dict[str, Any],
-    ) -> tuple[torch.Graph, list[str]] | None:
+    ) -> tuple[Callable[..., Any], list[str]] | None:
         """``(graph, param_names)`` of this call's compiled loss where its signature has been
-        traced and checked (its graph takes the unconstrained values of ``param_names``, then
+        captured and checked (its graph takes the unconstrained values of ``param_names``, then
         ``args``), else ``None`` (not compiled yet, eager, or a signature it cannot compile).
         For :class:`~pyro_dropout.infer.CompiledSVI`, which calls the graph itself."""
         if self.eager_reason is not None:
@@ -265,8 +234,7 @@ class JitMeanFieldELBO(MeanFieldELBO):
         if entry is None or entry[1] < 2:
             return None
         fn = entry[0]
-        (graph,) = fn.compiled.values()
-        return graph, fn._param_names
+        return fn.captured, fn.param_names
 
     # -- the ELBO interface -----------------------------------------------------------------
     def differentiable_loss(

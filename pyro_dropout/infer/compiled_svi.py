@@ -1,15 +1,16 @@
 """``pyro.infer.SVI`` whose steps call a compiled loss's graph directly once it is checked.
 
 Why: at small sizes the Python around a compiled step costs as much as the step. Measured on
-the speed benchmark's W1 workload (8-50-1, batch 32, ``AutoDropout``, one CPU thread): the
-traced loss's forward and backward took 0.47 ms, the same through Pyro's JIT plumbing (its
-``pyro.param`` lookups through the effect stack, ``block`` and ``trace`` handlers, the cache
-key) 0.57 ms, through :class:`~pyro_dropout.infer.JitMeanFieldELBO` 0.62 ms, and a whole
-``SVI.step`` (its ``param_only`` trace, the optimiser, zeroing gradients) 0.90 ms; a plain
-``nn.Dropout`` step took 0.37 ms. :class:`CompiledSVI` takes Pyro's path for the steps that
-trace and check a signature, then calls the checked graph with the parameters' unconstrained
-tensors read from the param store, and steps the optimiser on exactly the parameters SVI's
-trace would have collected: the graph's.
+the speed benchmark's W1 workload (8-50-1, batch 32, ``AutoDropout``, one CPU thread, with the
+TorchScript graphs of 0.1): the loss's forward and backward took 0.47 ms, the same through
+Pyro's JIT plumbing (its ``pyro.param`` lookups through the effect stack, ``block`` and
+``trace`` handlers, the cache key) 0.57 ms, through
+:class:`~pyro_dropout.infer.JitMeanFieldELBO` 0.62 ms, and a whole ``SVI.step`` (its
+``param_only`` trace, the optimiser, zeroing gradients) 0.90 ms; a plain ``nn.Dropout`` step
+took 0.37 ms. :class:`CompiledSVI` takes Pyro's path for the steps that capture and check a
+signature, then calls the checked graph with the parameters' unconstrained tensors read from
+the param store, and steps the optimiser on exactly the parameters SVI's trace would have
+collected: the graph's.
 """
 
 from collections.abc import Callable
@@ -70,7 +71,7 @@ class CompiledSVI(SVI):
         graph, names = ready
         store = pyro.get_param_store()._params
         params = [store[name] for name in names]
-        loss = JitMeanFieldELBO._call(graph, (*params, *args), {})
+        loss = graph(*params, *args)
         loss.backward()
         self.optim(params)
         for p in params:

@@ -94,15 +94,15 @@ def fit(
     :param estimator: with local reparameterisation, how each layer is sampled per example:
         ``"auto"`` (exact LRT for Linear layers; Flipout, or one weight per example for MC
         dropout, for convolutions), ``"lrt"``, ``"flipout"`` or ``"per_example"``.
-    :param jit: compile the loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`, Pyro's JIT:
-        one checked trace per minibatch shape; 2–3× faster steps on small networks, see
-        ``docs/benchmarks/speed.md``; the traces are freed with the fit). ``"auto"``
-        (default): compile, and where the model cannot be compiled (a trace fails, the traced
-        graph changes with the data, a model that subsamples its own plate, more than 16
-        minibatch shapes) train eagerly with one
-        :class:`~pyro_dropout.infer.CompilationWarning` that says why; ``True``: compile or
+    :param jit: compile the loss (:class:`~pyro_dropout.infer.JitMeanFieldELBO`: one checked
+        capture per minibatch shape, replayed as a ``torch.fx`` graph; several times faster
+        steps on small networks, see ``docs/benchmarks/speed.md``; the graphs are freed with
+        the fit). ``"auto"`` (default): compile, and where the model cannot be compiled (a
+        capture fails or does not replay its call, the captured graph changes with the data, a
+        model that subsamples its own plate, more than 16 minibatch shapes) train eagerly with
+        one :class:`~pyro_dropout.infer.CompilationWarning` that says why; ``True``: compile or
         raise; ``False``: eager (Pyro's Python effect handling at every step; use it for a
-        model with Python side effects a trace cannot see, or to step through it in a
+        model with Python side effects a capture cannot see, or to step through it in a
         debugger).
     :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
         globally, as by default): ``"first"`` runs them on the first step of each minibatch

@@ -24,8 +24,6 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 from torch.distributions import kl_divergence
 
-from .._trace import tracing
-
 __all__ = ["MeanFieldELBO"]
 
 
@@ -97,17 +95,16 @@ class MeanFieldELBO(TraceMeanField_ELBO):
     ) -> torch.Tensor:
         """The negative ELBO estimate as a differentiable tensor (the value of Pyro's
         ``TraceMeanField_ELBO.differentiable_loss``). Pyro's version returns
-        ``loss + (surrogate - surrogate.item())``: a host sync per step, and under a JIT trace the
-        ``item()`` is baked into the graph as a constant that changes with every trace (so two
-        traces of one path would not compare equal). Every site here is reparameterised, so the
+        ``loss + (surrogate - surrogate.item())``: a host sync per step, and in a captured loss the
+        ``item()`` is a constant that changes with every capture (so two captures of one path
+        would not compare equal). Every site here is reparameterised, so the
         surrogate is the loss itself."""
         loss: float | torch.Tensor = 0.0
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
             data, kl = self._elbo_terms_particle(model_trace, guide_trace)
             loss = loss + (kl - data) / self.num_particles
         loss = torch.as_tensor(loss)
-        if not tracing():  # a traced bool would be baked in, see above
-            warn_if_nan(loss, "loss")
+        warn_if_nan(loss, "loss")  # (inside a capture, its check is not replayed)
         return loss
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):

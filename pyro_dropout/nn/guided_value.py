@@ -61,9 +61,8 @@ class GuidedValue(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _METADATA:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+        if func in _METADATA:  # torch's default handling (it returns these unwrapped)
+            return super().__torch_function__(func, types, args, kwargs)
         handler = _HANDLERS.get(func)
         if handler is not None:
             out = handler(args, kwargs)
@@ -74,9 +73,8 @@ class GuidedValue(torch.Tensor):
 
 def wrap(value, site, transposed=False, plain_value=None):
     """A :class:`GuidedValue` aliasing ``value`` (its transpose when ``transposed``)."""
-    base = value if plain_value is None else plain_value
-    with torch._C.DisableTorchFunctionSubclass():
-        out = base.as_subclass(GuidedValue)
+    base = plain(value if plain_value is None else plain_value)
+    out = base.as_subclass(GuidedValue)  # of a plain tensor: no __torch_function__ involved
     out._pd_plain = base
     out._pd_site = site
     out._pd_transposed = transposed
@@ -228,6 +226,9 @@ _METADATA = frozenset(
     + [torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride]
     + [torch.Tensor.is_floating_point, torch.Tensor.__len__, torch.Tensor.is_contiguous]
 )
+
+#: Public name of :data:`_METADATA` (the loss capture passes these queries through).
+METADATA = _METADATA
 
 _HANDLERS = {
     # a property's getter is what __torch_function__ receives (torch's stubs type T as a Tensor)

@@ -81,13 +81,9 @@ def test_the_lightning_module_compiles_by_default_too():
     assert inspect.signature(BayesianModule).parameters["jit"].default == "auto"
 
 
-def test_traces_are_freed_with_the_fit_not_kept_by_torchscript():
-    """``torch.jit.trace`` of a function (``pyro.ops.jit.trace``) registers the graph in
-    TorchScript's global compilation unit for the life of the process (~44 MB per fit of a
-    20-200-200-1 network): a process running many compiled fits grew by GBs. Ours are owned by
-    the ELBO (``pyro_dropout.infer.traced``)."""
-    global_unit = torch.jit._state._python_cu
-    global_unit.drop_all_functions()
+def test_graphs_are_freed_with_the_elbo():
+    """The captured graphs belong to the ELBO (TorchScript's tracer kept every traced function
+    for the life of the process, ~44 MB per fit of a 20-200-200-1 network)."""
     x, y = _data()
     model = BayesianMLP(3, 1, hidden=(16,), tau=25.0)
     elbo = JitMeanFieldELBO(max_plate_nesting=1)
@@ -96,11 +92,9 @@ def test_traces_are_freed_with_the_fit_not_kept_by_torchscript():
         for _ in range(3):
             svi.step(x[:32], y[:32])
     assert len(elbo._compiled) == 1 and elbo.eager_reason is None
-    assert global_unit.get_functions() == []  # nothing registered globally
     (fn, _calls) = next(iter(elbo._compiled.values()))
-    (trace,) = fn.compiled.values()
-    gone = weakref.ref(trace)
-    del svi, elbo, fn, trace
+    gone = weakref.ref(fn.captured.module)
+    del svi, elbo, fn
     gc.collect()
     assert gone() is None
 
@@ -234,14 +228,14 @@ def test_jit_argument_is_checked():
         fit(model, AutoMeanField(model), x, y, num_steps=1, jit="yes", progress=False)
 
 
-def test_traced_inputs_have_a_fixed_order():
-    """The two traces of a signature are compared as text: their inputs (Pyro's parameters)
+def test_captured_inputs_have_a_fixed_order():
+    """The two captures of a signature are compared as text: their inputs (Pyro's parameters)
     must come in one order (Pyro's ``list(set(names))`` varied between traces 1 run in 3)."""
-    from pyro_dropout.infer.traced import trace
+    from pyro_dropout.infer.capture import CapturedFunction
 
     def fn(x):
         return x * pyro.param("b", torch.ones(())) + pyro.param("a", torch.ones(2)).sum()
 
-    traced_fn = trace(fn, ignore_warnings=True)
-    traced_fn(torch.ones(2))
-    assert traced_fn._param_names == ["a", "b"]
+    captured = CapturedFunction(fn)
+    captured(torch.ones(2))
+    assert captured.param_names == ["a", "b"]

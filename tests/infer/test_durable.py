@@ -1,10 +1,11 @@
-"""The default ``fit`` without TorchScript: ``import pyro_dropout`` needs none of it, each
-route the compiled loss can take where torch lacks a piece is tried (one warning each, saying
-why and what it costs), and a static scan lists where the package touches TorchScript and
-private optimiser internals, so a new use fails here (issue 38).
+"""The default ``fit`` without TorchScript (issue 38): the compiled loss is a capture replayed as
+a ``torch.fx`` graph (:mod:`pyro_dropout.infer.capture`), so a torch without TorchScript
+imports the package and compiles the loss with no warning; a loss that cannot be captured
+faithfully runs eagerly with one warning; and a static scan lists where the package touches
+TorchScript or private optimiser internals (nowhere), so a new use fails here.
 
-TorchScript is deprecated upstream; these tests remove its pieces the way a future torch would
-(in a subprocess where a removal would outlive the test)."""
+TorchScript is deprecated upstream; the first test removes its pieces the way a future torch
+would (in a subprocess: a removal there cannot outlive the test)."""
 
 import ast
 import json
@@ -18,91 +19,96 @@ import pyro
 import pytest
 import torch
 
-from pyro_dropout import AutoDropout, BayesianMLP, fit, local_reparameterization
-from pyro_dropout.infer import CompilationWarning, CompiledSVI, JitMeanFieldELBO, fused_adam, traced
+from pyro_dropout import AutoDropout, AutoMeanField, BayesianMLP, fit, local_reparameterization
+from pyro_dropout.infer import CompilationWarning, CompiledSVI, JitMeanFieldELBO, fused_adam
+from pyro_dropout.infer.capture import Captured
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pyro_dropout"
-
-#: The TorchScript pieces the compiled loss can use; a future torch may lack any of them.
-TORCHSCRIPT = [
-    "torch._C.ScriptModule",
-    "torch._C.CompilationUnit",
-    "torch.jit._trace._create_interpreter_name_lookup_fn",
-    "torch.jit.optimized_execution",
-    *[f"torch._C.{name}" for name in ("_jit_pass_peephole", "_jit_pass_cse", "_jit_pass_dce")],
-]
 
 _CHILD = r"""
 import json, sys, warnings
 import torch, torch.jit._trace
 
-for path in json.loads(sys.argv[1]):
-    owner, name = path.rsplit(".", 1)
-    obj = {"torch": torch, "torch._C": torch._C, "torch.jit": torch.jit,
-           "torch.jit._trace": torch.jit._trace}[owner]
-    delattr(obj, name)
-if sys.argv[2] == "raise":  # the public tracer is there but fails (a later torch's error)
-    def trace(*args, **kwargs):
-        raise RuntimeError("TorchScript was removed")
-    torch.jit.trace = trace
+# TorchScript gone: its tracer, scripting and internals raise or are absent.
+for owner, name in [(torch.jit, "trace"), (torch.jit, "script"), (torch._C, "ScriptModule"),
+                    (torch._C, "CompilationUnit"), (torch.jit._trace,
+                    "_create_interpreter_name_lookup_fn"), (torch._C, "_jit_pass_cse")]:
+    delattr(owner, name)
+def gone(*args, **kwargs):
+    raise RuntimeError("TorchScript was removed")
+torch.jit.trace = torch.jit.script = gone
 
-import pyro_dropout as pd
-lazy = sorted(m for m in sys.modules if m.split(".")[-1] in ("traced", "graph_passes"))
+import pyro, pyro_dropout as pd
+from pyro_dropout.infer import CompiledSVI, JitMeanFieldELBO, fused_adam
 
-def run(jit):
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
     x = torch.linspace(-2, 2, 64).unsqueeze(-1)
     y = torch.sin(2 * x).squeeze(-1)
     model = pd.BayesianMLP(1, 1, hidden=(16,), tau=100.0)
     guide = pd.AutoDropout(model, dropout_rate=0.05)
-    return pd.fit(model, guide, x, y, num_steps=200, batch_size=16, lr=1e-2, seed=0,
-                  jit=jit, progress=False)
-
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    losses = run("auto")
-eager = run(False)
+    losses = pd.fit(model, guide, x, y, num_steps=200, batch_size=16, lr=1e-2, seed=0,
+                    progress=False)
+    # the default route, step by step: the checked graph is called from the third step on
+    pyro.clear_param_store()
+    model = pd.BayesianMLP(1, 1, hidden=(16,), tau=100.0)
+    guide = pd.AutoDropout(model, dropout_rate=0.05)
+    elbo = JitMeanFieldELBO(fallback=True, max_plate_nesting=1)
+    svi = CompiledSVI(model, guide, fused_adam({"lr": 1e-2}), elbo)
+    with pd.local_reparameterization():
+        for _ in range(3):
+            svi.step(x[:16], y[:16], num_data=64)
+        with pyro.poutine.trace(param_only=True):
+            ready = elbo.checked_graph(model, guide, (x[:16], y[:16]), {"num_data": 64})
 print(json.dumps({
-    "lazy": lazy,
     "warnings": [[type(w.message).__name__, str(w.message)] for w in caught],
     "losses": losses,
-    "eager": eager,
+    "captured": type(ready[0]).__name__ if ready else None,
+    "eager_reason": elbo.eager_reason,
 }))
 """
 
 
-def _child(removed, tracer):
+def test_without_torchscript_the_default_fit_is_compiled_and_warns_nothing():
+    """TorchScript's tracer, scripting and internals removed before the import: the default
+    fit trains (the loss falls; 200 steps of 16 rows) without a single warning, and its steps
+    call a captured graph. At 4973087 (TorchScript tracing) the same fit trained eagerly with
+    a CompilationWarning ("no TorchScript tracer"), 3.7-5.5x slower at W1; at b220d6f the
+    import itself failed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(removed), tracer],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        [sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600,
+        check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("tracer", ["delete", "raise"])
-def test_without_torchscript_import_works_and_fit_trains_eagerly_with_one_warning(tracer):
-    """All of TorchScript's pieces gone (and the public tracer deleted, or failing as a later
-    torch's would): the import does not load the tracer's modules, and the default fit trains
-    (the loss falls; 200 steps of 16 rows, same seed) with exactly one CompilationWarning that
-    says why and what running eagerly costs; with no tracer at all its losses are the eager
-    fit's, step for step (a failed trace runs the guide's set-up, and its initial draws, on a
-    forked random stream, so the eager steps then draw other numbers). On b220d6f the import
-    itself fails (ImportError of ``_create_interpreter_name_lookup_fn``)."""
-    removed = TORCHSCRIPT + (["torch.jit.trace"] if tracer == "delete" else [])
-    got = _child(removed, tracer)
-    assert got["lazy"] == []  # `import pyro_dropout` loaded neither tracer module
-    assert len(got["warnings"]) == 1, got["warnings"]
-    kind, message = got["warnings"][0]
-    assert kind == "CompilationWarning"
-    assert "the loss is not compiled" in message and "slower" in message, message
-    why = "no TorchScript tracer" if tracer == "delete" else "TorchScript was removed"
-    assert why in message and "jit=False" in message, message
-    if tracer == "delete":  # nothing traced: the random stream is the eager fit's
-        assert got["losses"] == pytest.approx(got["eager"], rel=1e-6)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["warnings"] == []
+    assert got["eager_reason"] is None and got["captured"] == "Captured"
     losses = got["losses"]
     assert sum(losses[-20:]) < 0.5 * sum(losses[:20])  # it learned
+
+
+class _Square(torch.autograd.Function):
+    """A custom autograd function: its forward runs outside torch's Python API (a capture
+    records the operations inside it without their gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+def _squared_model(x, y=None):
+    w = pyro.sample("w", pyro.distributions.Normal(0.0, 1.0).expand([3]).to_event(1))
+    mean = _Square.apply(x @ w)  # the custom function on the parameters' path
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", pyro.distributions.Normal(mean, 1.0), obs=y)
 
 
 def _x_y(n=64):
@@ -111,8 +117,28 @@ def _x_y(n=64):
     return x, x[:, 0] - 0.5 * x[:, 2] + 0.1 * torch.randn(n, generator=g)
 
 
-def _compiled_steps(steps=6):
-    """CompiledSVI + JitMeanFieldELBO, as ``fit`` trains: (ELBO, losses, warnings)."""
+def test_a_loss_the_capture_cannot_replay_runs_eagerly_with_one_warning():
+    """A custom ``autograd.Function`` on the path to a parameter: the capture's own check
+    (replay against the recorded call, outputs and gradients) refuses it; ``jit="auto"`` trains
+    eagerly with one CompilationWarning that names the reason, ``jit=True`` raises."""
+    x, y = _x_y()
+    model = _squared_model
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = fit(model, AutoMeanField(model), x, y, num_steps=30, batch_size=32, seed=0,
+                     progress=False)  # fmt: skip
+    ours = [w for w in caught if issubclass(w.category, CompilationWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    message = str(ours[0].message)
+    assert "does not reproduce the recorded call" in message and "jit=False" in message
+    assert ours[0].filename == __file__
+    assert all(torch.isfinite(torch.tensor(losses)))
+    with pytest.raises(Exception, match="does not reproduce the recorded call"):
+        fit(model, AutoMeanField(model), x, y, num_steps=3, batch_size=32, jit=True,
+            progress=False, seed=0)  # fmt: skip
+
+
+def test_the_default_route_warns_nothing_and_calls_a_captured_graph():
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
     x, y = _x_y()
@@ -122,74 +148,11 @@ def _compiled_steps(steps=6):
     svi = CompiledSVI(model, guide, fused_adam({"lr": 1e-2}), elbo)
     with warnings.catch_warnings(record=True) as caught, local_reparameterization():
         warnings.simplefilter("always")
-        losses = [svi.step(x[:32], y[:32], num_data=64) for _ in range(steps)]
-    # the checked graph of the one signature (traced and checked on the first two steps)
-    ready = [
-        next(iter(fn.compiled.values())) for fn, calls in elbo._compiled.values() if calls >= 2
-    ]
-    return elbo, ready, losses, list(caught)
-
-
-def _remove(monkeypatch, what):
-    if what == "_create_method_from_trace signature":
-
-        def changed(self, *args):  # another torch's internal with another signature
-            raise TypeError("_create_method_from_trace(): incompatible function arguments")
-
-        monkeypatch.setattr(torch._C.ScriptModule, "_create_method_from_trace", changed)
-    elif what == "name lookup renamed":
-        # Deleting it from torch.jit._trace breaks torch.jit.trace too (its own helper): that
-        # is the eager case. A torch that renamed it is what the library can meet here.
-        monkeypatch.setattr(traced, "_name_lookup", lambda: None)
-    elif what == "IR binding replaceInput":
-        monkeypatch.delattr(torch._C.Node, "replaceInput")
-    else:
-        owner, name = what.rsplit(".", 1)
-        monkeypatch.delattr(eval(owner, {"torch": torch}), name)  # noqa: S307 - a test's path
-
-
-@pytest.mark.parametrize(
-    "what",
-    [
-        "torch._C.CompilationUnit",
-        "torch._C._jit_pass_cse",
-        "name lookup renamed",
-        "_create_method_from_trace signature",
-        "IR binding replaceInput",
-    ],
-)
-def test_without_an_internal_the_public_tracer_compiles_with_one_warning(monkeypatch, what):
-    """One internal gone (or with another signature): the loss is still compiled, through the
-    public ``torch.jit.trace`` (Pyro's ``check_trace=False``), with one CompilationWarning that
-    names the missing piece and the cost (unsimplified graph, kept for the process's life).
-    On b220d6f this fell to the eager loss (``torch.jit.trace``'s own check failed on the
-    random draws) after a RuntimeWarning, or failed at import."""
-    import torch.jit._trace  # noqa: F401 - the module whose attribute is removed
-
-    monkeypatch.setattr(traced, "_fallback_warned", False)
-    _remove(monkeypatch, what)
-    elbo, ready, losses, caught = _compiled_steps()
-    assert [w.category for w in caught] == [CompilationWarning], [str(w.message) for w in caught]
-    message = str(caught[0].message)
-    assert "public torch.jit.trace" in message and "not simplified" in message, message
-    assert elbo.eager_reason is None and len(ready) == 1  # compiled and checked
+        losses = [svi.step(x[:32], y[:32], num_data=64) for _ in range(6)]
+        with pyro.poutine.trace(param_only=True):
+            ready = elbo.checked_graph(model, guide, (x[:32], y[:32]), {"num_data": 64})
+    assert caught == [] and ready is not None and isinstance(ready[0], Captured)
     assert all(torch.isfinite(torch.tensor(losses)))
-
-
-def test_jit_true_without_a_tracer_raises_and_says_what_to_do(monkeypatch):
-    for what in ("torch._C.CompilationUnit", "torch.jit.trace"):
-        _remove(monkeypatch, what)
-    x, y = _x_y()
-    model = BayesianMLP(3, 1, hidden=(8,), tau=25.0)
-    with pytest.raises(RuntimeError, match="no TorchScript tracer.*jit=False"):
-        fit(model, AutoDropout(model), x, y, num_steps=2, jit=True, progress=False, seed=0)
-
-
-def test_the_default_route_warns_nothing_and_simplifies():
-    """With every piece there (torch 2.13): the owned, simplified trace, no warning."""
-    elbo, ready, _, caught = _compiled_steps()
-    assert caught == [] and len(ready) == 1
-    assert isinstance(ready[0], traced._OwnedTrace)
 
 
 # -- the static scan ----------------------------------------------------------------------
@@ -209,13 +172,7 @@ _OPTIM_PRIVATE = {
 #: Where the package's code (comments and docstrings aside) names TorchScript (``torch.jit``,
 #: ``torch._C``, their internals by name) or private optimiser internals, per module: what the
 #: scan must find, no more, no less. Lazy: imported on first use, not by ``import pyro_dropout``.
-EXPECTED = {
-    "_trace.py": {"torch._C"},  # guarded: tracing() is False where the tracer is gone
-    "infer/compiled.py": {"torch.jit"},  # guarded getattr: optimized_execution or none
-    "infer/graph_passes.py": {"torch._C"},  # lazy (through traced)
-    "infer/traced.py": {"torch._C", "torch.jit"},  # lazy; checked by unavailable()
-    "nn/guided_value.py": {"torch._C"},  # DisableTorchFunctionSubclass: not TorchScript
-}
+EXPECTED: dict[str, set[str]] = {}  # none: the library runs on torch's public API
 
 
 def _dotted(node):
@@ -274,9 +231,8 @@ def _scan():
 
 
 def test_where_torchscript_and_private_optimizer_apis_are_used():
-    """The list is the state (issue 38): a new use anywhere fails, and so does a removal
-    until ``EXPECTED`` says so. Every module listed but ``nn/guided_value.py`` is on fit's
-    default path."""
+    """The list is the state (issue 38): a new use anywhere fails. At 4973087 it listed five
+    modules (the TorchScript tracer, its graph passes, ``torch._C`` in the guided values)."""
     table = _scan()
     listing = "\n".join(
         f"{rel}: " + "; ".join(f"{fam} (lines {sorted(set(lines))})" for fam, lines in fams.items())

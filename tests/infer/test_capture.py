@@ -1,0 +1,133 @@
+"""The loss capture (:mod:`pyro_dropout.infer.capture`): a replay computes what the function
+computes, draws fresh numbers, folds what is constant and nothing else, and refuses what it
+cannot replay."""
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_dropout.infer.capture import CaptureError, capture
+
+
+def _grads(fn, inputs):
+    w = [t for t in inputs if t.requires_grad]
+    return torch.autograd.grad(fn(*inputs), w)
+
+
+def test_a_deterministic_function_replays_exactly_with_its_gradients():
+    torch.manual_seed(0)
+    w = torch.randn(4, 3, requires_grad=True)
+    x = torch.randn(5, 3)
+    prior = torch.full((4, 3), 2.0)
+
+    def fn(w, x):
+        kl = ((w - torch.zeros(4, 3)) / prior) ** 2 * 0.5 + torch.log(prior)  # constants
+        h = torch.relu(x @ w.T).expand(5, 4).reshape(5, 4)  # identity reshapes
+        return (h.sum(-1) ** 2).sum() + kl.sum() * 1.0 + 0.0
+
+    out, c = capture(fn, (w, x))
+    torch.testing.assert_close(c(w, x), fn(w, x))
+    for a, b in zip(_grads(c, (w, x)), _grads(fn, (w, x)), strict=True):
+        torch.testing.assert_close(a, b)
+    x2 = torch.randn(5, 3)  # new data: the graph reads its input
+    torch.testing.assert_close(c(w, x2), fn(w, x2))
+    names = [str(n.target) for n in c.graph.nodes if n.op == "call_function"]
+    assert not any("log" in n or "zeros" in n or "full" in n for n in names), names  # folded
+    assert not any("expand" in n or "reshape" in n for n in names), names  # identities
+    # (a * 0.5 + log(prior)).sum(): the sum of the leaf, scaled, plus a number
+    assert c.ops <= 12 and "sub" not in c.module.code, c.module.code  # w - 0: w
+
+
+def test_draws_are_replayed_not_frozen_and_the_random_stream_is_shared():
+    w = torch.ones(3, requires_grad=True)
+
+    def fn(w):
+        return (w * torch.randn(3)).sum() + torch.rand(()) * 0.0
+
+    torch.manual_seed(1)
+    _, c = capture(fn, (w,))
+    a, b = c(w), c(w)
+    assert a.item() != b.item()  # a fresh draw per call
+    torch.manual_seed(2)
+    expected = (w * torch.randn(3)).sum()  # the unused draw is dropped: one randn per call
+    torch.manual_seed(2)
+    torch.testing.assert_close(c(w), expected)
+
+
+def test_an_unknown_sampler_is_never_folded():
+    """A draw is found by the random generator's state, not by a list of names."""
+    w = torch.ones(3, requires_grad=True)
+
+    def fn(w):
+        noise = torch.empty(3).exponential_()  # no input: would fold if taken as a constant
+        return (w * noise).sum()
+
+    _, c = capture(fn, (w,))
+    assert c(w).item() != c(w).item()
+
+
+def test_a_constant_made_from_data_outside_torch_differs_between_captures():
+    """A value taken through NumPy is a constant of the graph: the text of two captures on
+    different data differs, which is what the compiled ELBO's two-capture check compares."""
+    w = torch.ones(3, requires_grad=True)
+
+    def fn(w, x):
+        scale = torch.from_numpy(np.asarray(x.detach().numpy().std(), dtype=np.float32))
+        return (w * x / scale).sum()
+
+    _, a = capture(fn, (w, torch.arange(3.0)))
+    _, b = capture(fn, (w, torch.arange(3.0) ** 2))
+    _, again = capture(fn, (w, torch.arange(3.0)))
+    assert a.text != b.text and a.text == again.text
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+def test_an_operation_outside_the_python_api_is_refused():
+    w = torch.ones(3, requires_grad=True)
+    with pytest.raises(CaptureError, match="does not reproduce the recorded call"):
+        capture(lambda w: _Square.apply(w).sum(), (w,))
+
+
+def test_a_function_returning_no_tensor_is_refused():
+    with pytest.raises(CaptureError, match="not tensors"):
+        capture(lambda w: float(w.sum()), (torch.ones(2),))
+
+
+def test_no_grad_parts_stay_without_gradient():
+    w = torch.ones(3, requires_grad=True)
+
+    def fn(w):
+        with torch.no_grad():
+            mask = (w * 2 > 1).float()
+        return (w * mask).sum()
+
+    _, c = capture(fn, (w,))
+    (g,) = torch.autograd.grad(c(w), (w,))
+    torch.testing.assert_close(g, torch.ones(3))
+
+
+def test_buffers_filled_in_place_stay_distinct():
+    """Two ``torch.empty`` calls of one shape, each filled with a draw and saved for the
+    backward pass: merging the identical calls would make the second draw overwrite the first
+    (an LSTM's per-gate bias draws in the model zoo did)."""
+    w = torch.ones(4, requires_grad=True)
+
+    def fn(w):
+        a = torch.empty(4).normal_()
+        b = torch.empty(4).normal_()
+        return (w * a).sum() * (w * b).sum()
+
+    _, c = capture(fn, (w,))
+    (g,) = torch.autograd.grad(c(w), (w,))
+    assert torch.isfinite(g).all()
