@@ -255,3 +255,27 @@ def test_the_scan_sees_what_it_looks_for():
         "_fused_adam": [5],
         "optimizer internals": [6],
     }
+
+
+def test_inputs_of_too_many_shapes_run_eagerly_with_one_warning():
+    """Each input shape needs its own capture: past ``MAX_SIGNATURES`` shapes the loss runs
+    eagerly from then on, with one CompilationWarning that says why and what to do."""
+    from pyro.infer import SVI
+
+    from pyro_dropout.infer.compiled import MAX_SIGNATURES
+
+    pyro.clear_param_store()
+    x, y = _x_y()
+    model = BayesianMLP(3, 1, hidden=(8,), tau=25.0)
+    guide = AutoDropout(model, dropout_rate=0.1)
+    elbo = JitMeanFieldELBO(fallback=True, max_plate_nesting=1)
+    svi = SVI(model, guide, fused_adam({"lr": 1e-2}), elbo)
+    with warnings.catch_warnings(record=True) as caught, local_reparameterization():
+        warnings.simplefilter("always")
+        for n in range(2, MAX_SIGNATURES + 4):  # one more shape per step
+            svi.step(x[:n], y[:n], num_data=64)
+    ours = [w for w in caught if issubclass(w.category, CompilationWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert f"more than {MAX_SIGNATURES} shapes" in str(ours[0].message)
+    assert "pad or drop the last minibatch" in str(ours[0].message)
+    assert elbo.eager_reason is not None and elbo._compiled == {}
