@@ -76,6 +76,10 @@ def test_network_has_the_requested_hidden_layers():
     x = torch.randn(1, 5, 6)
     with torch.no_grad():
         assert two(x).shape == (1, 5)
+    het, _, _ = um.build("vd-hetero", 6, 50, um.Members([{}], torch.ones(1), 10), hidden_layers=2)
+    assert [la.out_features for la in het.layers] == [50, 50, 2]  # mean and noise scale
+    with torch.no_grad():
+        assert het(x).shape == (1, 5, 2)
     with pytest.raises(ValueError, match="hidden_layers must be a positive integer"):
         um.BatchedRegressionMLP(6, 50, torch.ones(1), 1.0, 1.0, hidden_layers=0)
 
