@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import uci_model as um
-from .protocol import protocol
+from .protocol import hidden_layers, protocol
 from .run import _groups, _stack_split_arrays
 from .units import _log
 
@@ -16,6 +16,7 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
     time of the full protocol for ``splits`` (with the current settings)."""
     settings = protocol(ds, guide, args)
     grid = settings["grid"]
+    depth = hidden_layers(settings)
     out = {"dataset": ds.name, "guide": guide, "splits": len(splits), "phases": {}}
     total = 0.0
     for phase, validation in (("validation", True), ("final", False)):
@@ -31,7 +32,9 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
                 [dict(c) for _ in chunk for c in grid] if validation else [grid[-1]] * len(chunk)
             )
             members = um.Members(configs, y_std.repeat_interleave(per), x.shape[1])
-            model, g, eval_tau = um.build(guide, ds.n_features, ds.n_hidden, members)
+            model, g, eval_tau = um.build(
+                guide, ds.n_features, ds.n_hidden, members, hidden_layers=depth
+            )
             um.train(model, g, x, y, per, 1, batch_size=settings["batch_size"], max_steps=5)
             st = um.train(
                 model, g, x, y, per, 1, batch_size=settings["batch_size"], max_steps=probe_steps
@@ -43,7 +46,8 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
             shapes = 1 if x.shape[1] % settings["batch_size"] == 0 else 2
             samples = settings["val_mc_samples"] if validation else settings["mc_samples"]
             # At least three vectorised chunks: the first traces its graph and is timed apart.
-            width = ds.n_features + ds.n_hidden + 1
+            # the units of one pass: inputs, every hidden layer and the output (as evaluate())
+            width = ds.n_features + depth * ds.n_hidden + 1
             _, mc_chunk = um._eval_blocks(
                 len(members), x_eval.shape[1], width, samples, um._CHUNK_BUDGET
             )
@@ -76,6 +80,8 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
                     "steps_per_s": 1 / t_step,
                     "eval_s": eval_s,
                     "jit": st.jit,
+                    "engine": st.engine,
+                    "units_per_pass": width,  # sizes the Monte-Carlo chunks
                     "projected_s": train_s + eval_s,
                 }
             )

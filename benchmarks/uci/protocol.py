@@ -116,6 +116,18 @@ tracked files differed from it (``dirty``), at the time the unit was written. Th
 which commit produced which rows; units written before this field existed are reported as
 "≤ 36cc829" (the last commit before it).
 
+**Two hidden layers** (``--hidden-layers 2``; Gal & Ghahramani 2016's second protocol, issue
+40): the same splits, epochs, T, grids and priors with a ``D – H – H – 1`` network (H from
+``n_hidden.txt``: 50, protein 100; every layer's weights get the guide's prior, and the dropout
+guide drops the inputs of every layer, as Keras' ``Dropout`` before each ``Dense``). The fused
+numba kernels (:mod:`benchmarks.uci_fused`) are written for ``D – H – 1``, so these networks
+train on the compiled Pyro ELBO (``engine: "traced"`` in each unit's phases) and draw their
+Monte-Carlo passes through the captured Pyro model. The depth is a setting of the unit
+(``hidden_layers``, recorded when it is not 1), so a two-layer unit never resumes into a
+one-layer folder's rows; without ``--out`` such a run writes to ``uci-results-2layer``. The
+report compares two-layer rows with ``PUBLISHED_TWO_LAYER`` (Gal 2016, two layers) in place of
+the one-layer anchor.
+
 ``--quick`` (CI smoke test): splits 0 and 1, 10 epochs, T = 100, a reduced grid (first and last
 value of each axis; for the Gaussian guides prior 1 and noise ∈ {largest τ, learned}).
 """
@@ -142,9 +154,18 @@ def _full_epochs(ds):
     return EPOCH_MULTIPLIER * ds.n_epochs
 
 
+def hidden_layers(settings):
+    """The number of hidden layers of a unit's settings (one-layer units do not record it)."""
+    return settings.get("hidden_layers", 1)
+
+
 def protocol(ds, guide, args):
-    """Settings that determine a unit's results (compared when resuming)."""
-    return {
+    """Settings that determine a unit's results (compared when resuming).
+
+    ``hidden_layers`` is recorded only when it is not 1: the one-layer settings keep the keys
+    of the units written before the option existed, so those still resume; a deeper unit's
+    settings differ from any one-layer unit's, so ``--resume`` refuses to mix them."""
+    settings = {
         "schema": SCHEMA,
         "dataset": ds.name,
         "guide": guide,
@@ -161,3 +182,7 @@ def protocol(ds, guide, args):
         "length_scale": um.LENGTH_SCALE,
         "quick": bool(args.quick),
     }
+    depth = getattr(args, "hidden_layers", 1)
+    if depth != 1:
+        settings["hidden_layers"] = depth
+    return settings

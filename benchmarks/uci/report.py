@@ -55,6 +55,51 @@ def _fmt(mean, se):
     return f"{mean:.4g} ± {se:.2g}"
 
 
+#: The mark of a row whose network has two hidden layers, and its note.
+TWO_LAYER_MARK = "‡"
+TWO_LAYER_NOTE = (
+    f"{TWO_LAYER_MARK} = two hidden layers (`--hidden-layers 2`): the row is compared with "
+    "Gal & Ghahramani 2016's two-layer MC dropout on the same splits (column \"Dropout'16 "
+    '2-layer", `PUBLISHED_TWO_LAYER`) in place of the one-layer anchor.'
+)
+TWO_LAYER_COLUMN = "Dropout'16 2-layer"
+
+
+def row_depth(agg):
+    """Hidden layers of a summary row (rows of summaries before the option: one)."""
+    return agg.get("hidden_layers", agg.get("settings", {}).get("hidden_layers", 1))
+
+
+def anchor_of(entry, agg):
+    """The published ``{"rmse": (mean, se), "ll": (mean, se)}`` a row is compared with: the
+    2018 MC dropout anchor for a one-layer row, Gal & Ghahramani 2016's two-layer MC dropout
+    (``PUBLISHED_TWO_LAYER``) for a two-layer row, ``None`` for other depths (nothing
+    published to compare with)."""
+    depth = row_depth(agg)
+    if depth == 1:
+        return entry.get("published", {}).get("mc_dropout_2018")
+    if depth == 2:
+        return entry.get("published_two_layer")
+    return None
+
+
+def _mark(agg):
+    """`` ‡`` after a two-layer row, `` (<L> hidden layers)`` after a deeper one."""
+    depth = row_depth(agg)
+    if depth == 1:
+        return ""
+    return f" {TWO_LAYER_MARK}" if depth == 2 else f" ({depth} hidden layers)"
+
+
+def _has_two_layer(summary, guides):
+    return any(
+        row_depth(entry["guides"][g]) == 2
+        for entry in summary["datasets"].values()
+        for g in guides
+        if g in entry["guides"]
+    )
+
+
 def _within(ours, anchor, higher_is_better):
     """✅ when our mean is better than the anchor's or within one standard error of the
     difference, ``sqrt(se² + se_anchor²)`` (the two runs are independent), ❌ otherwise."""
@@ -72,24 +117,30 @@ def _targets(summary, guides):
     lines = ["", "## Targets", "", header, "| --- | --- | --- | --- | --- |"]
     wins = 0
     for name, entry in summary["datasets"].items():
-        anchor = entry["published"].get("mc_dropout_2018")
         got = {g: entry["guides"][g] for g in guides if g in entry["guides"]}
-        if anchor is None or not got:
+        if not got:
             continue
-        row = [name]
+        # each row against the published number of its own depth (anchor_of)
         drop = got.get("dropout")
+        drop_anchor = None if drop is None else anchor_of(entry, drop)
+        best = max(got, key=lambda g: got[g]["ll"]["mean"])
+        best_anchor = anchor_of(entry, got[best])
+        if drop_anchor is None and best_anchor is None:
+            continue
+        row = [name + ("" if drop is None else _mark(drop))]
         for metric, higher in (("rmse", False), ("ll", True)):
-            if drop is None:
+            if drop_anchor is None:
                 row.append("–")
             else:
-                row.append(
-                    _within((drop[metric]["mean"], drop[metric]["se"]), anchor[metric], higher)[0]
-                )
-        best = max(got, key=lambda g: got[g]["ll"]["mean"])
-        beats = got[best]["ll"]["mean"] > anchor["ll"][0]
-        wins += beats
-        dagger = " †" if got[best]["reduced"] else ""
-        row += [f"{best}: {got[best]['ll']['mean']:.4g}{dagger}", "yes" if beats else "no"]
+                ours = (drop[metric]["mean"], drop[metric]["se"])
+                row.append(_within(ours, drop_anchor[metric], higher)[0])
+        dagger = (" †" if got[best]["reduced"] else "") + _mark(got[best])
+        if best_anchor is None:
+            row += [f"{best}: {got[best]['ll']['mean']:.4g}{dagger}", "–"]
+        else:
+            beats = got[best]["ll"]["mean"] > best_anchor["ll"][0]
+            wins += beats
+            row += [f"{best}: {got[best]['ll']['mean']:.4g}{dagger}", "yes" if beats else "no"]
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
@@ -97,6 +148,8 @@ def _targets(summary, guides):
         "✅ = better than the anchor or within one standard error of the difference, "
         "sqrt(SE_ours² + SE_anchor²); the signed number is ours minus the anchor.",
     ]
+    if _has_two_layer(summary, guides):
+        lines += ["", TWO_LAYER_NOTE]
     return lines
 
 
@@ -157,7 +210,7 @@ def _best_published(summary, guides):
             ok_bayes += b_mark != "below"
             b_cell = f"{_fmt(bayes[0], bayes[1]) if bayes[1] else f'{bayes[0]:.4g}'} ({bayes[2]})"
             b_mark = f"{b_mark} ({ours[0] - bayes[0]:+.3g})"
-        dagger = " †" if got[top]["reduced"] else ""
+        dagger = (" †" if got[top]["reduced"] else "") + _mark(got[top])
         lines.append(
             f"| {name} | {top}: {_fmt(*ours)}{dagger} | {_published_cell(best)} | {mark} "
             f"({ours[0] - best.ll:+.3g}) | {b_cell} | {b_mark} |"
@@ -218,13 +271,15 @@ def _calibration(summary, guides):
     ]
     for name, entry in summary["datasets"].items():
         got = {g: entry["guides"][g] for g in guides if g in entry["guides"]}
-        anchor = entry.get("published", {}).get("mc_dropout_2018")
-        if not got or anchor is None:
+        if not got:
             continue
         top = max(got, key=lambda g: got[g]["ll"]["mean"])
+        anchor = anchor_of(entry, got[top])  # the published number of the row's depth
+        if anchor is None:
+            continue
         rmse, ll = got[top]["rmse"]["mean"], got[top]["ll"]["mean"]
         a_rmse, a_ll = anchor["rmse"][0], anchor["ll"][0]
-        dagger = " †" if got[top]["reduced"] else ""
+        dagger = (" †" if got[top]["reduced"] else "") + _mark(got[top])
         lines.append(
             f"| {name} | {top}{dagger} | {rmse:.4g} | {ll:.4g} | "
             f"{ll - constant_noise_ll(rmse):+.3f} | {a_rmse:.4g} | {a_ll:.4g} | "
@@ -260,11 +315,11 @@ def _concrete_targets(summary, guides):
     met, shown = {}, {}
     variants = [g for g in ("concrete", "concrete-tau") if g in guides]
     for name, entry in summary["datasets"].items():
-        anchor = entry["published"].get("mc_dropout_2018")
         drop = entry["guides"].get("dropout")
         for g in variants:
             conc = entry["guides"].get(g)
-            if anchor is None or conc is None:
+            anchor = None if conc is None else anchor_of(entry, conc)
+            if anchor is None:
                 continue
             shown[g] = shown.get(g, 0) + 1
             ll, ok = _within((conc["ll"]["mean"], conc["ll"]["se"]), anchor["ll"], True)
@@ -277,7 +332,7 @@ def _concrete_targets(summary, guides):
                 ratio = f"{conc['wall_s'] / drop['wall_s']:.2f}"
             steps = "–" if drop is None else f"{_member_step_ratio(g, drop):.2f}"
             met[g] = met.get(g, 0) + ok
-            dagger = " †" if conc["reduced"] else ""
+            dagger = (" †" if conc["reduced"] else "") + _mark(conc)
             lines.append(f"| {name}{dagger} | {g} | {ll} | {rmse} | {steps} | {ratio} |")
     lines += [
         "",
@@ -310,8 +365,12 @@ def _member_step_ratio(guide, dropout_agg, agg=None):
 def markdown(summary, guides):
     """Markdown report: RMSE and LL tables (ours + published), wall time and throughput."""
     pub_cols = list(PUBLISHED_COLUMNS)
+    two_layer = _has_two_layer(summary, guides)  # then the two-layer published column too
     header = (
-        ["dataset"] + [f"ours: {g}" for g in guides] + [PUBLISHED_COLUMNS[c][0] for c in pub_cols]
+        ["dataset"]
+        + [f"ours: {g}" for g in guides]
+        + [PUBLISHED_COLUMNS[c][0] for c in pub_cols]
+        + ([TWO_LAYER_COLUMN] if two_layer else [])
     )
     lines = ["# UCI regression benchmark", ""]
     lines.append(
@@ -330,7 +389,7 @@ def markdown(summary, guides):
                 if agg is None:
                     row.append("–")
                     continue
-                cell = _fmt(agg[metric]["mean"], agg[metric]["se"])
+                cell = _fmt(agg[metric]["mean"], agg[metric]["se"]) + _mark(agg)
                 if agg["reduced"]:
                     cell += " †"
                     if metric == "rmse":
@@ -339,7 +398,12 @@ def markdown(summary, guides):
             for c in pub_cols:
                 pub = entry["published"].get(c)
                 row.append(_fmt(*pub[metric]) if pub else "–")
+            if two_layer:
+                pub = entry.get("published_two_layer")
+                row.append(_fmt(*pub[metric]) if pub else "–")
             lines.append("| " + " | ".join(row) + " |")
+    if two_layer:
+        lines += ["", TWO_LAYER_NOTE]
     if notes:
         lines += ["", "Reduced budgets (†):", ""] + [f"- {n}" for n in notes]
     lines += _targets(summary, guides)
@@ -385,4 +449,9 @@ def markdown(summary, guides):
             )
     lines += ["", "Published columns:", ""]
     lines += [f"- {PUBLISHED_COLUMNS[c][0]}: {PUBLISHED_COLUMNS[c][1]}" for c in pub_cols]
+    if two_layer:
+        lines.append(
+            f"- {TWO_LAYER_COLUMN}: Gal & Ghahramani 2016, MC dropout with two hidden layers "
+            "(50 units, protein 100) on the same splits (`PUBLISHED_TWO_LAYER`)"
+        )
     return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import uci_model as um
-from .protocol import _seed, protocol
+from .protocol import _seed, hidden_layers, protocol
 from .units import _check_settings, _code_state, _log, _read_json, _unit_dir, _versions, _write_json
 
 
@@ -60,7 +60,9 @@ def _fit_and_evaluate(
         per_split = 1
         configs = [dict(c) for c in configs_per_split]
     members = um.Members(configs, y_std.repeat_interleave(per_split), x.shape[1])
-    model, g, eval_tau = um.build(guide, ds.n_features, ds.n_hidden, members)
+    model, g, eval_tau = um.build(
+        guide, ds.n_features, ds.n_hidden, members, hidden_layers=hidden_layers(settings)
+    )
     stats = um.train(
         model,
         g,
@@ -93,6 +95,8 @@ def _fit_and_evaluate(
         tau_learned = ev.tau.clone()
     rates = g.dropout_rates() if hasattr(g, "dropout_rates") else {}
     return {
+        # the network's widths, input to output (e.g. [6, 50, 50, 1] for two hidden layers)
+        "network": [model.layers[0].in_features] + [la.out_features for la in model.layers],
         # learned drop rates (concrete): {site: [one per member]} for a layer-wise rate
         "learned_rates": {k: v.reshape(len(members), -1).tolist() for k, v in rates.items()},
         "configs": configs,
@@ -115,6 +119,7 @@ def _phase_record(res, splits, seed):
         "train_wall_s": stats.wall_s,
         "steps_per_s": stats.steps_per_s,
         "engine": stats.engine,
+        "network": res["network"],
         "eval_wall_s": res["eval"].wall_s,
         "final_loss_all_members": stats.final_loss,
         "seed": seed,

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import numpy as np
 
 from .. import uci_model as um
-from ..uci_published import PUBLISHED, PUBLISHED_COLUMNS
-from .protocol import FULL_MC_SAMPLES
+from ..uci_published import PUBLISHED, PUBLISHED_COLUMNS, PUBLISHED_TWO_LAYER
+from .protocol import FULL_MC_SAMPLES, hidden_layers
 from .units import _read_json, _unit_dir, commit_label, recorded_settings
 
 
@@ -60,7 +60,14 @@ def summarize(out, datasets, guides):
                     f"{_unit_dir(out, ds.name, guide)} mixes units run with different settings"
                 )
             splits = [r["split"] for r in recs]
-            agg = {"splits": splits, "n_splits_done": len(splits), "settings": settings}
+            agg = {
+                "splits": splits,
+                "n_splits_done": len(splits),
+                "settings": settings,
+                # the depth of the row's network: the report compares it with the published
+                # numbers of the same depth
+                "hidden_layers": hidden_layers(settings),
+            }
             for key in ("rmse", "ll", "rmse_mean_weights"):
                 mean, se = _mean_se([r["test"][key] for r in recs])
                 agg[key] = {"mean": mean, "se": se, "per_split": [r["test"][key] for r in recs]}
@@ -103,11 +110,15 @@ def summarize(out, datasets, guides):
                 commits.setdefault(label, []).append(r["split"])
             agg["commits"] = commits
             agg["final_members_in_batch"] = max(r["final_fit"]["members_in_batch"] for r in recs)
+            # what trained the row (fused kernels, traced or eager ELBO), over all its phases
+            phases = [r["final_fit"] for r in recs] + validated
+            agg["engines"] = sorted({p.get("engine", "unrecorded") for p in phases})
             agg["reduced"] = _reductions(ds, settings, splits)
             agg["description"] = um.GUIDES[guide].description
             entry["guides"][guide] = agg
             entry["wall_s"] += agg["wall_s"]
         entry["published"] = PUBLISHED.get(ds.name, {})
+        entry["published_two_layer"] = PUBLISHED_TWO_LAYER.get(ds.name)
         summary["datasets"][ds.name] = entry
     summary["published_columns"] = {k: v[1] for k, v in PUBLISHED_COLUMNS.items()}
     return summary
@@ -126,5 +137,6 @@ def merge_summaries(summaries):
         entry["guides"] = {g: entry["guides"][g] for g in um.GUIDES if g in entry["guides"]}
         entry["wall_s"] = float(sum(a["wall_s"] for a in entry["guides"].values()))
         entry["published"] = PUBLISHED.get(name, {})  # the numbers of this code, not the file's
+        entry["published_two_layer"] = PUBLISHED_TWO_LAYER.get(name)
     out["published_columns"] = {k: v[1] for k, v in PUBLISHED_COLUMNS.items()}
     return out

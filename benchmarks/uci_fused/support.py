@@ -57,6 +57,12 @@ def predict_supports(model):
 def _network_unsupported(model, what):
     if getattr(model, "heteroscedastic", True):
         return f"the fused {what} has one output (no heteroscedastic head)"
-    if len(model.layers) != 2 or model.layers[1].out_features != 1:
+    if len(model.layers) != 2:
+        return (
+            f"the fused {what} is written for D-H-1 networks (one hidden layer), not "
+            f"{len(model.layers) - 1} hidden layers: use the traced Pyro loss (kernels=None "
+            "picks it)"
+        )
+    if model.layers[1].out_features != 1:
         return f"the fused {what} is written for D-H-1 networks"
     return None

@@ -37,8 +37,9 @@ def _guide_name(kind):
     return f"uci_{kind}_{next(_GUIDE_NUMBERS)}"
 
 
-def build(guide, d_in, n_hidden, members: Members):
-    """Model and guide for ``members`` (each member's configuration from :func:`grid`).
+def build(guide, d_in, n_hidden, members: Members, hidden_layers=1):
+    """Model and guide for ``members`` (each member's configuration from :func:`grid`), a
+    network of ``hidden_layers`` hidden layers of ``n_hidden`` units.
 
     Returns ``(model, guide, eval_tau)`` where ``eval_tau()`` gives the ``(M,)`` float64
     precisions on the original target scale used for the test log-likelihood (for learned
@@ -48,7 +49,7 @@ def build(guide, d_in, n_hidden, members: Members):
     dtype = torch.get_default_dtype()
     y_var = members.y_std**2
     if guide in HETERO_BASE:
-        return _build_hetero(guide, d_in, n_hidden, members)
+        return _build_hetero(guide, d_in, n_hidden, members, hidden_layers)
     if guide == "dropout":
         rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=torch.float64)
         tau = torch.tensor([c["tau"] for c in cfg], dtype=torch.float64)
@@ -59,6 +60,7 @@ def build(guide, d_in, n_hidden, members: Members):
             noise_sd.to(dtype),
             weight_prior=1.0 / LENGTH_SCALE,
             bias_prior=DROPOUT_BIAS_PRIOR_SCALE,
+            hidden_layers=hidden_layers,
         )
         g = AutoDropout(
             model,
@@ -75,7 +77,9 @@ def build(guide, d_in, n_hidden, members: Members):
     noise_sd = (fixed_tau * y_var) ** -0.5  # NaN stays NaN: learned
     if guide == "meanfield":
         prior = torch.tensor([c["prior_scale"] for c in cfg], dtype=dtype)
-        model = BatchedRegressionMLP(d_in, n_hidden, noise_sd.to(dtype), prior, prior)
+        model = BatchedRegressionMLP(
+            d_in, n_hidden, noise_sd.to(dtype), prior, prior, hidden_layers=hidden_layers
+        )
         g = AutoMeanField(model, init_loc_fn=init_to_glorot, name=_guide_name("meanfield"))
     elif guide in ("concrete", "concrete-tau"):
         model = BatchedRegressionMLP(
@@ -84,6 +88,7 @@ def build(guide, d_in, n_hidden, members: Members):
             noise_sd.to(dtype),
             weight_prior=1.0 / LENGTH_SCALE,
             bias_prior=DROPOUT_BIAS_PRIOR_SCALE,
+            hidden_layers=hidden_layers,
         )
         g = AutoConcreteDropout(
             model,
@@ -93,7 +98,12 @@ def build(guide, d_in, n_hidden, members: Members):
         )
     elif guide == "vd":
         model = BatchedRegressionMLP(
-            d_in, n_hidden, noise_sd.to(dtype), ImproperLogUniform(), VD_BIAS_PRIOR_SCALE
+            d_in,
+            n_hidden,
+            noise_sd.to(dtype),
+            ImproperLogUniform(),
+            VD_BIAS_PRIOR_SCALE,
+            hidden_layers=hidden_layers,
         )
         g = AutoVariationalDropout(
             model, alpha="weight", init_loc_fn=init_to_glorot, name=_guide_name("vd")
@@ -108,7 +118,7 @@ def build(guide, d_in, n_hidden, members: Members):
     return model, g, eval_tau
 
 
-def _build_hetero(guide, d_in, n_hidden, members):
+def _build_hetero(guide, d_in, n_hidden, members, hidden_layers=1):
     """The "<guide>-hetero" members: heteroscedastic outputs and a learned prior scale per
     layer on the weights (:class:`~pyro_dropout.nn.LearnedPrior`); ``eval_tau`` gives NaN
     before evaluation (the test LL uses each draw's predicted scale, and the recorded τ is
@@ -128,7 +138,13 @@ def _build_hetero(guide, d_in, n_hidden, members):
     # so their profiled KL does not change under that rescaling.
     weight_prior = 1.0 / LENGTH_SCALE if fixed_slab else "learned"
     model = BatchedRegressionMLP(
-        d_in, n_hidden, torch.ones(m, dtype=dtype), weight_prior, bias, heteroscedastic=True
+        d_in,
+        n_hidden,
+        torch.ones(m, dtype=dtype),
+        weight_prior,
+        bias,
+        heteroscedastic=True,
+        hidden_layers=hidden_layers,
     )
     if base == "dropout":
         rate = torch.tensor([c["dropout_rate"] for c in cfg], dtype=dtype)

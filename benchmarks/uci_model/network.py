@@ -1,4 +1,5 @@
-"""The batched regression network: a ``D – H – 1`` Bayesian MLP replicated over ``M`` members."""
+"""The batched regression network: a ``D – H – 1`` (or ``D – H – … – H – 1``) Bayesian MLP
+replicated over ``M`` members."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def _member_normal(scale, shape):
 
 
 class BatchedRegressionMLP(PyroModule):
-    r"""``D – H (ReLU) – 1`` Bayesian MLP replicated over ``M`` members (plate at dim -2).
+    r"""``D – H (ReLU) – 1`` Bayesian MLP replicated over ``M`` members (plate at dim -2); with
+    ``hidden_layers = L``, ``D – H – … – H – 1`` (L ReLU layers of H units, ``layers.0`` …
+    ``layers.L``).
 
     ``forward(x, y=None, num_data=None)`` takes ``x`` of shape ``(M, B, D)`` and ``y`` of shape
     ``(M, B)`` (member ``m`` sees its own rows), observes
@@ -39,12 +42,26 @@ class BatchedRegressionMLP(PyroModule):
         ``σ(x) = HETERO_MIN_SCALE + softplus(h + c)`` (``h = 0`` gives ``INIT_NOISE_SD``), as
         :class:`~pyro_dropout.nn.HeteroscedasticGaussianLikelihood`; ``forward`` then returns
         ``(..., M, B, 2)``: the mean and σ of every row (standardised scale).
+    :param int hidden_layers: number of hidden layers (1: the sites ``layers.0.*`` and
+        ``layers.1.*`` of the one-layer protocol; 2: Gal & Ghahramani 2016's second protocol).
     """
 
     max_plate_nesting = 2
 
-    def __init__(self, d_in, n_hidden, noise_sd, weight_prior, bias_prior, heteroscedastic=False):
+    def __init__(
+        self,
+        d_in,
+        n_hidden,
+        noise_sd,
+        weight_prior,
+        bias_prior,
+        heteroscedastic=False,
+        hidden_layers=1,
+    ):
         super().__init__()
+        if int(hidden_layers) != hidden_layers or hidden_layers < 1:
+            raise ValueError(f"hidden_layers must be a positive integer, got {hidden_layers!r}")
+        self.hidden_layers = int(hidden_layers)
         noise_sd = torch.as_tensor(noise_sd, dtype=torch.get_default_dtype()).reshape(-1, 1)
         self.members = noise_sd.shape[0]
         self.heteroscedastic = bool(heteroscedastic)
@@ -53,7 +70,9 @@ class BatchedRegressionMLP(PyroModule):
             self.likelihood = HeteroscedasticGaussianLikelihood(
                 min_scale=HETERO_MIN_SCALE, init_scale=INIT_NOISE_SD
             )
-        widths = ((d_in, n_hidden), (n_hidden, 2 if self.heteroscedastic else 1))
+        out = 2 if self.heteroscedastic else 1
+        widths = [(d_in, n_hidden)] + [(n_hidden, n_hidden)] * (self.hidden_layers - 1)
+        widths.append((n_hidden, out))
         layers = []
         for a, b in widths:
             layer = BayesianLinear(
@@ -86,8 +105,10 @@ class BatchedRegressionMLP(PyroModule):
 
     def forward(self, x, y=None, num_data=None):
         with pyro.plate("members", self.members, dim=-2):
-            h = torch.relu(self.layers[0](x))
-            out = self.layers[1](h)
+            h = x
+            for i in range(self.hidden_layers):  # indexed: a slice would be a new PyroModule
+                h = torch.relu(self.layers[i](h))
+            out = self.layers[self.hidden_layers](h)
             if self.heteroscedastic:
                 f, scale = self.likelihood.split(out)
                 f, scale = f.squeeze(-1), scale.squeeze(-1)
