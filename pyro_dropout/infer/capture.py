@@ -271,6 +271,7 @@ def capture(fn: Callable[..., Any], inputs: tuple) -> tuple[Any, Captured]:
     del recorder
     _collapse_sums(graph)
     _fold_sums(graph)
+    _merge_clamps(graph)
     _merge_repeats(graph)
     _drop_unused(graph, draws=False)
     _collapse_sums(graph)
@@ -905,3 +906,47 @@ def _fuse_linear_bias(graph):
         lin.args = (lin.args[0], lin.args[1], bias)
         node.replace_all_uses_with(lin)
         graph.erase_node(node)
+
+
+_CLAMP = frozenset([torch.clamp, torch.Tensor.clamp])
+
+
+def _bounds(node):
+    """``(lower, upper)`` numbers (or ``None``) of a clamp node, or ``None`` if not one of
+    numbers."""
+    if node.op != "call_function" or node.meta.get("func") not in _CLAMP:
+        return None
+    if node.meta.get("grad") is not None or not node.args:
+        return None
+    extra = dict(zip(("min", "max"), node.args[1:], strict=False)) | dict(node.kwargs)
+    if set(extra) - {"min", "max"}:
+        return None
+    lo, hi = extra.get("min"), extra.get("max")
+    if not all(v is None or _number(v) for v in (lo, hi)):
+        return None
+    return lo, hi
+
+
+def _merge_clamps(graph):
+    """``clamp(clamp(x, a1, b1), a2, b2)`` as one clamp to the intersection of the two ranges
+    (same values and gradients: both pass the gradient exactly where x is inside both), where the
+    inner clamp is used only there (Concrete dropout clamps its rates twice)."""
+    for node in list(graph.nodes):
+        outer = _bounds(node)
+        inner_node = node.args[0] if node.args else None
+        if outer is None or not isinstance(inner_node, fx.Node) or len(inner_node.users) != 1:
+            continue
+        inner = _bounds(inner_node)
+        if inner is None:
+            continue
+        lows = [v for v in (inner[0], outer[0]) if v is not None]
+        highs = [v for v in (inner[1], outer[1]) if v is not None]
+        lo = max(lows) if lows else None
+        hi = min(highs) if highs else None
+        if lo is not None and hi is not None and lo > hi:
+            continue  # an empty range: leave torch's own behaviour
+        node.target = torch.clamp
+        node.meta["func"] = torch.clamp
+        node.args = (inner_node.args[0],)
+        node.kwargs = {"min": lo, "max": hi}
+        graph.erase_node(inner_node)
