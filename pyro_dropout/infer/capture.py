@@ -138,7 +138,7 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
-_PY_THRESHOLD = getattr(torch.nn.functional, "_threshold", None)
+_PY_THRESHOLD = torch.nn.functional.threshold  # the public name of its Python wrapper
 
 #: Python wrappers of torch's and the method they call (for a tensor first operand, as here).
 _DIRECT = {torch.Tensor.__pow__: torch.Tensor.pow, torch.Tensor.__rsub__: torch.rsub}
