@@ -639,12 +639,20 @@ def _form(node, shape):
             return _form(v, shape)
         return None
 
-    if func in _NEG and len(node.args) == 1:
-        a = part(node.args[0])
-        return leaf if a is None else a.scaled(-1.0)
     if func in _SUM and len(node.args) == 1 and shape == ():  # the sum of a number: itself
         a = part(node.args[0])
         return leaf if a is None else a
+    return _linear_form(node, func, part, leaf)
+
+
+def _linear_form(node, func, part, leaf):
+    """The cases :func:`_form` and :func:`_scalar_form` share: ``node`` a negation, a sum or
+    difference of two parts, a part times or over a number, or a number minus a part, as a
+    :class:`_Form` (``part(v)`` the form of an operand, ``None`` where it has none); ``leaf``
+    otherwise."""
+    if func in _NEG and len(node.args) == 1:
+        a = part(node.args[0])
+        return leaf if a is None else a.scaled(-1.0)
     kind = _BINARY.get(func)
     if kind is None or len(node.args) != 2:
         return leaf
@@ -654,11 +662,9 @@ def _form(node, shape):
         if fa is None or fb is None:
             return leaf
         return fa.plus(fb, 1.0 if kind == "add" else -1.0)
-    if kind in ("mul", "div") and _number(b):
+    if kind in ("mul", "div") and _number(b) and not (kind == "div" and b == 0):
         fa = part(a)
-        if fa is None or (kind == "div" and b == 0):
-            return leaf
-        return fa.scaled(float(b) if kind == "mul" else 1.0 / float(b))
+        return leaf if fa is None else fa.scaled(float(b) if kind == "mul" else 1.0 / float(b))
     if kind == "reflected" and func is torch.Tensor.__rsub__ and _number(b):
         fa = part(a)
         return leaf if fa is None else fa.scaled(-1.0).plus(_Form(const=float(b)))
@@ -837,22 +843,7 @@ def _scalar_form(node):
         return _sum_form(x) if isinstance(x, fx.Node) and "shape" in x.meta else leaf
     if node.kwargs:
         return leaf
-    if func in _NEG and len(node.args) == 1:
-        a = part(node.args[0])
-        return leaf if a is None else a.scaled(-1.0)
-    kind = _BINARY.get(func)
-    if kind is None or len(node.args) != 2:
-        return leaf
-    a, b = node.args
-    if kind in ("add", "sub"):
-        fa, fb = part(a), part(b)
-        if fa is None or fb is None:
-            return leaf
-        return fa.plus(fb, 1.0 if kind == "add" else -1.0)
-    if kind in ("mul", "div") and _number(b) and not (kind == "div" and b == 0):
-        fa = part(a)
-        return leaf if fa is None else fa.scaled(float(b) if kind == "mul" else 1.0 / float(b))
-    return leaf
+    return _linear_form(node, func, part, leaf)
 
 
 def _sum_form(x):

@@ -69,7 +69,7 @@ class CompiledSVI(SVI):
         if ready is None:
             return super().step(*args, **kwargs)
         graph, names = ready
-        store = pyro.get_param_store()._params
+        store = dict(pyro.get_param_store().named_parameters())  # unconstrained tensors
         params = [store[name] for name in names]
         loss = graph(*params, *args)
         loss.backward()

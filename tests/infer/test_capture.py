@@ -8,6 +8,8 @@ import torch
 
 from pyro_dropout.infer.capture import CaptureError, capture
 
+from ._functions import Square
+
 
 def _grads(fn, inputs):
     w = [t for t in inputs if t.requires_grad]
@@ -81,22 +83,10 @@ def test_a_constant_made_from_data_outside_torch_differs_between_captures():
     assert a.text != b.text and a.text == again.text
 
 
-class _Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
-
-
 def test_an_operation_outside_the_python_api_is_refused():
     w = torch.ones(3, requires_grad=True)
     with pytest.raises(CaptureError, match="does not reproduce the recorded call"):
-        capture(lambda w: _Square.apply(w).sum(), (w,))
+        capture(lambda w: Square.apply(w).sum(), (w,))
 
 
 def test_a_function_returning_no_tensor_is_refused():

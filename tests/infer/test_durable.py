@@ -23,6 +23,8 @@ from pyro_dropout import AutoDropout, AutoMeanField, BayesianMLP, fit, local_rep
 from pyro_dropout.infer import CompilationWarning, CompiledSVI, JitMeanFieldELBO, fused_adam
 from pyro_dropout.infer.capture import Captured
 
+from ._functions import Square
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pyro_dropout"
 
@@ -89,24 +91,9 @@ def test_without_torchscript_the_default_fit_is_compiled_and_warns_nothing():
     assert sum(losses[-20:]) < 0.5 * sum(losses[:20])  # it learned
 
 
-class _Square(torch.autograd.Function):
-    """A custom autograd function: its forward runs outside torch's Python API (a capture
-    records the operations inside it without their gradient)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
-
-
 def _squared_model(x, y=None):
     w = pyro.sample("w", pyro.distributions.Normal(0.0, 1.0).expand([3]).to_event(1))
-    mean = _Square.apply(x @ w)  # the custom function on the parameters' path
+    mean = Square.apply(x @ w)  # the custom function on the parameters' path
     with pyro.plate("data", x.shape[0]):
         pyro.sample("obs", pyro.distributions.Normal(mean, 1.0), obs=y)
 
@@ -157,8 +144,9 @@ def test_the_default_route_warns_nothing_and_calls_a_captured_graph():
 
 # -- the static scan ----------------------------------------------------------------------
 
-#: Private optimiser internals (names read or written on torch's optimisers or ``torch``).
-_OPTIM_PRIVATE = {
+#: Private internals by attribute name: torch's optimisers (read or written on them or on
+#: ``torch``) and Pyro's param store.
+_PRIVATE_ATTRS = {
     "_fused_adam_": "_fused_adam",
     "_fused_adamw_": "_fused_adam",
     "_init_group": "_init_group",
@@ -167,10 +155,12 @@ _OPTIM_PRIVATE = {
     "_optimizer_step_post_hooks": "optimizer internals",
     "_global_optimizer_pre_hooks": "optimizer internals",
     "_global_optimizer_post_hooks": "optimizer internals",
+    # Pyro's param store dict (its public API: named_parameters, get_param, ...)
+    "_params": "param store internals",
 }
 
 #: Where the package's code (comments and docstrings aside) names TorchScript (``torch.jit``,
-#: ``torch._C``, their internals by name) or private optimiser internals, per module: what the
+#: ``torch._C``, their internals by name), private optimiser or param-store internals, per module: what the
 #: scan must find, no more, no less. Lazy: imported on first use, not by ``import pyro_dropout``.
 EXPECTED: dict[str, set[str]] = {}  # none: the library runs on torch's public API
 
@@ -198,16 +188,16 @@ def _families(tree):
         if isinstance(node, ast.Attribute):
             dotted = _dotted(node)
             names = [dotted] if dotted else []
-            if node.attr in _OPTIM_PRIVATE:
-                add(_OPTIM_PRIVATE[node.attr], node.lineno)
+            if node.attr in _PRIVATE_ATTRS:
+                add(_PRIVATE_ATTRS[node.attr], node.lineno)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             value = node.value  # a name looked up with getattr/hasattr
-            if value in _OPTIM_PRIVATE:
-                add(_OPTIM_PRIVATE[value], node.lineno)
+            if value in _PRIVATE_ATTRS:
+                add(_PRIVATE_ATTRS[value], node.lineno)
             elif value.startswith(("_jit_pass_", "_create_method_from_trace", "_create_interp")):
                 add("torch._C", node.lineno)
         for name in names:
@@ -245,15 +235,17 @@ def test_the_scan_sees_what_it_looks_for():
     src = (
         "import torch\nfrom torch.jit._trace import f\nx = torch._C.ScriptModule\n"
         "opt._init_group(g)\ngetattr(torch, '_fused_adam_')\nopt._opt_called = True\n"
+        "pyro.get_param_store()._params\n"
         "hasattr(torch._C, '_jit_pass_cse')\n# torch.jit in a comment\n'torch._C in a string'\n"
     )
     found = _families(ast.parse(src))
     assert {k: sorted(set(v)) for k, v in found.items()} == {
         "torch.jit": [2],
-        "torch._C": [3, 7],
+        "torch._C": [3, 8],
         "_init_group": [4],
         "_fused_adam": [5],
         "optimizer internals": [6],
+        "param store internals": [7],
     }
 
 
