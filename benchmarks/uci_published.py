@@ -18,7 +18,8 @@ better). Sources, as stated there:
 ``BEST_PUBLISHED`` (issue 24) holds the best published LL per dataset from other papers, most
 of them not on these splits; each ``BestPublished`` entry says how its SE was obtained (SE as
 printed, SD converted to SE, or an unlabelled ±), whether the value was read in the paper, and
-what protocol produced it.
+what protocol produced it. The rule the UCI page counts (issue 40: the best of every
+Bayesian-network entry here, any depth) is ``benchmarks/uci/compare.py``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ The protocol and the derivation of the dropout guide's likelihood precision and 
 * :mod:`~benchmarks.uci.run`: the validation and final phases of a unit;
 * :mod:`~benchmarks.uci.summary`: ``summary.json`` from the finished units;
 * :mod:`~benchmarks.uci.report`: ``results.md`` (tables, targets);
+* :mod:`~benchmarks.uci.compare`: issue 40's comparison rule (the best published Bayesian
+  network against our row picked on validation LL);
 * :mod:`~benchmarks.uci.estimate`: ``--estimate``'s projection;
 * :mod:`~benchmarks.uci.cli`: the command line (``__main__`` runs it).
 """

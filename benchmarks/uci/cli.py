@@ -226,6 +226,24 @@ def page_row_problems(summary, sources, datasets):
     return problems
 
 
+def fill_validation(summary, sources, datasets):
+    """Give a merged row from a summary written before validation LLs were aggregated (no
+    ``val_ll`` key) the validation LL of its units, where the units beside that summary
+    reproduce its per-split test LL (the same row); other such rows stay as they are, and the
+    report names them as not picked on validation."""
+    by_name = {ds.name: ds for ds in datasets}
+    for name, entry in summary["datasets"].items():
+        for guide, row in entry["guides"].items():
+            folder, ds = sources.get((name, guide)), by_name.get(name)
+            if "val_ll" in row or folder is None or ds is None:
+                continue
+            units = summarize(folder, [ds], [guide])["datasets"][name]["guides"].get(guide)
+            if units is not None and units["ll"]["per_split"] == row["ll"]["per_split"]:
+                row["val_ll"] = units["val_ll"]
+                if "val_ll_missing_splits" in units:
+                    row["val_ll_missing_splits"] = units["val_ll_missing_splits"]
+
+
 def run(args, datasets, per_ds):
     """Run (or resume) the benchmark; writes the units, ``summary.json`` and ``results.md``."""
     out = Path(args.out)
@@ -250,6 +268,7 @@ def run(args, datasets, per_ds):
     if merged:
         summary = merge_summaries([json.loads(p.read_text()) for p in merged] + [summary])
         summary["merged_from"] = [str(p) for p in merged] + [str(out / "units")]
+        fill_validation(summary, sources, datasets)
     page = getattr(args, "page", None)
     if page is not None:
         problems = page_row_problems(summary, sources, datasets)

@@ -1,6 +1,6 @@
 """The summary of the finished units: test RMSE and LL per dataset and guide (mean ± SE
-over splits, population SD), chosen configurations, wall times, commits and reduced budgets;
-written as ``summary.json``."""
+over splits, population SD), the validation LL of the chosen configurations, chosen
+configurations, wall times, commits and reduced budgets; written as ``summary.json``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,32 @@ def _mean_se(values):
     if a.size == 0:
         return None, None
     return float(a.mean()), float(a.std(ddof=0) / math.sqrt(a.size))
+
+
+def unit_validation_ll(record):
+    """The validation LL per point (original scale) of the configuration a unit chose: its
+    grid row's ``val_ll``, or for ``concrete-tau`` the LL after its τ calibration (the chosen
+    configuration includes the factor). ``None`` where the unit had no validation phase (a
+    guide with one configuration and no calibration has nothing to select)."""
+    val = record.get("validation")
+    if not val:
+        return None
+    if "tau_calibration" in val:
+        return float(val["tau_calibration"]["val_ll"])
+    return float(val["configs"][val["chosen_index"]]["val_ll"])
+
+
+def _validation(recs):
+    """``{"mean", "se", "per_split", "n_val"}`` of the chosen configurations' validation LL,
+    or ``None`` with the splits that have none (``val_ll_missing_splits``): such a row cannot
+    be picked on validation, and the report says so rather than use its test LL."""
+    vals = [unit_validation_ll(r) for r in recs]
+    missing = [r["split"] for r, v in zip(recs, vals, strict=True) if v is None]
+    if missing:
+        return {"val_ll": None, "val_ll_missing_splits": missing}
+    mean, se = _mean_se(vals)
+    n_val = [r["validation"]["n_val"] for r in recs]
+    return {"val_ll": {"mean": mean, "se": se, "per_split": vals, "n_val": n_val}}
 
 
 def _reductions(ds, settings, splits_done):
@@ -85,6 +111,7 @@ def summarize(out, datasets, guides):
                     )
                 }
             agg["chosen_counts"] = chosen
+            agg.update(_validation(recs))  # the validation pick of the report compares these
             agg["learned_tau_test"] = [r["test"]["tau"] for r in recs]
             agg["wall_s"] = float(sum(r["wall_s"] for r in recs))
             validated = [r["validation"]["phase"] for r in recs if r.get("validation")]
