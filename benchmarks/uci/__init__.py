@@ -4,7 +4,8 @@ r"""UCI regression benchmark on the PBP / MC-dropout splits, for the guides of
     python -m benchmarks.uci --data-dir ../shared/data/uci --out uci-results \
         [--datasets yacht,bostonHousing,...] [--guides dropout,meanfield,vd,concrete] [--quick] \
         [--splits 0,1,...] [--epochs N] [--mc-samples T] [--val-mc-samples T] \
-        [--split-batch K] [--threads 1] [--resume] [--estimate] [--report-only]
+        [--split-batch K] [--threads 1] [--resume] [--estimate] [--report-only] \
+        [--validate-single]
 
 Outputs under ``--out``: ``units/<dataset>/<guide>/split_<k>.json`` (one per finished split:
 every number, the settings, the validation scores of every configuration, the chosen
@@ -14,6 +15,9 @@ columns; reduced budgets marked †). ``--report-only`` trains nothing and rewri
 ``summary.json`` and ``results.md`` from the finished units (pending datasets appear as "–").
 ``--estimate`` only times a few training steps and one Monte-Carlo chunk per phase and writes
 ``projection.json``/``projection.md`` with the projected wall time of the full protocol.
+``--validate-single`` trains only the validation phase of a guide with one configuration (whose
+runs skip it), as ``split_<k>.val.json`` beside its final units, so that its row gets a
+validation LL (:mod:`~benchmarks.uci.validate_single`).
 
 The protocol and the derivation of the dropout guide's likelihood precision and prior are in
 :mod:`~benchmarks.uci.protocol`. The package, one concept per module:
@@ -21,6 +25,8 @@ The protocol and the derivation of the dropout guide's likelihood precision and 
 * :mod:`~benchmarks.uci.protocol`: the protocol, its settings, budgets and seeds;
 * :mod:`~benchmarks.uci.units`: unit files, resume, provenance;
 * :mod:`~benchmarks.uci.run`: the validation and final phases of a unit;
+* :mod:`~benchmarks.uci.validate_single`: ``--validate-single``, the validation phase of a
+  one-configuration row run apart, and its units read back (checked) for the summary;
 * :mod:`~benchmarks.uci.summary`: ``summary.json`` from the finished units;
 * :mod:`~benchmarks.uci.report`: ``results.md`` (tables, targets);
 * :mod:`~benchmarks.uci.compare`: issue 40's comparison rule (the best published Bayesian

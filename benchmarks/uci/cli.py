@@ -21,6 +21,7 @@ from .report import PAGE_BEGIN, PAGE_END, markdown, splice_page
 from .run import run_dataset_guide
 from .summary import merge_summaries, summarize
 from .units import UNRECORDED_COMMIT, _code_state, _log, _versions, _write_json
+from .validate_single import refusal, run_validation_only
 
 
 def _names(text, valid, what):
@@ -118,6 +119,17 @@ def _parser():
         f"lines {PAGE_BEGIN!r} and {PAGE_END!r} (headings one level down)",
     )
     p.add_argument(
+        "--validate-single",
+        action="store_true",
+        help="train only the validation phase of guides with one configuration (concrete, "
+        "concrete-hetero, meanfield-hetero, vd-hetero), whose full runs skip it: the "
+        "configuration on the sub-training rows, scored on the validation rows as a grid "
+        "guide's validation phase (same epochs, T = --val-mc-samples, seeding), written as "
+        "split_<k>.val.json beside the final units, which are not touched; give the options "
+        "of the row's final units (checked). The summary then gives the row a validation LL. "
+        "With --estimate: projects this phase alone",
+    )
+    p.add_argument(
         "--estimate", action="store_true", help="only time the phases and project the full run"
     )
     p.add_argument("--quiet", action="store_true")
@@ -166,6 +178,16 @@ def _resolve(args, parser):
             parser.error(f"{name} must be at least 1")
     if (args.merge or args.page) and not args.report_only:
         parser.error("--merge and --page only go with --report-only")
+    if args.validate_single and args.report_only:
+        parser.error(
+            "--validate-single trains (the validation phase); --report-only trains nothing"
+        )
+    if args.validate_single:  # before any training: a grid guide has its own phase
+        for ds in datasets:
+            for guide in args.guide_names:
+                why = refusal(ds, guide, args)
+                if why is not None:
+                    parser.error(why)
     for path in args.merge:
         if not path.is_file():
             parser.error(f"--merge: no such file {path}")
@@ -217,31 +239,37 @@ def page_row_problems(summary, sources, datasets):
                     )
                     break
             untraced = ("unknown", UNRECORDED_COMMIT)
-            bad = [c for c in units["commits"] if c.endswith("+dirty") or c in untraced]
-            if bad:
-                problems.append(
-                    f"{label}: units from {', '.join(bad)} (splits "
-                    f"{sorted(k for c in bad for k in units['commits'][c])})"
-                )
+            # the validation units run apart (--validate-single) rest on a commit too
+            separate = units.get("separate_validation", {}).get("commits", {})
+            for what, commits in (("units", units["commits"]), ("validation units", separate)):
+                bad = [c for c in commits if c.endswith("+dirty") or c in untraced]
+                if bad:
+                    problems.append(
+                        f"{label}: {what} from {', '.join(bad)} (splits "
+                        f"{sorted(k for c in bad for k in commits[c])})"
+                    )
     return problems
 
 
 def fill_validation(summary, sources, datasets):
-    """Give a merged row from a summary written before validation LLs were aggregated (no
-    ``val_ll`` key) the validation LL of its units, where the units beside that summary
+    """Give a merged row without a validation LL (a summary written before validation LLs
+    were aggregated, no ``val_ll`` key; or one written before its ``--validate-single`` units,
+    ``val_ll`` None) the validation LL of its units, where the units beside that summary
     reproduce its per-split test LL (the same row); other such rows stay as they are, and the
     report names them as not picked on validation."""
     by_name = {ds.name: ds for ds in datasets}
     for name, entry in summary["datasets"].items():
         for guide, row in entry["guides"].items():
             folder, ds = sources.get((name, guide)), by_name.get(name)
-            if "val_ll" in row or folder is None or ds is None:
+            if row.get("val_ll") is not None or folder is None or ds is None:
                 continue
             units = summarize(folder, [ds], [guide])["datasets"][name]["guides"].get(guide)
             if units is not None and units["ll"]["per_split"] == row["ll"]["per_split"]:
                 row["val_ll"] = units["val_ll"]
-                if "val_ll_missing_splits" in units:
-                    row["val_ll_missing_splits"] = units["val_ll_missing_splits"]
+                row.pop("val_ll_missing_splits", None)
+                for key in ("val_ll_missing_splits", "separate_validation"):
+                    if key in units:
+                        row[key] = units[key]
 
 
 def run(args, datasets, per_ds):
@@ -254,7 +282,10 @@ def run(args, datasets, per_ds):
             break
         t0 = time.perf_counter()
         for guide in args.guide_names:
-            run_dataset_guide(ds, guide, per_ds[ds.name], args)
+            if getattr(args, "validate_single", False):
+                run_validation_only(ds, guide, per_ds[ds.name], args)
+            else:
+                run_dataset_guide(ds, guide, per_ds[ds.name], args)
         elapsed[ds.name] = time.perf_counter() - t0
         _log(f"[{ds.name}] wall time of this invocation: {elapsed[ds.name]:.1f} s", args.quiet)
     summary = summarize(out, datasets, args.guide_names)

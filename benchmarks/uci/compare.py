@@ -88,7 +88,7 @@ def not_validated(entry, guide, agg):
     if agg["val_ll"] is None:
         missing = agg.get("val_ll_missing_splits", [])
         if len(missing) == agg["n_splits_done"]:
-            return "no validation phase (one configuration)"
+            return "no validation phase (one configuration; `--validate-single` runs it)"
         return f"no validation LL on {len(missing)} of its splits"
     if sorted(agg["splits"]) != list(range(entry["n_splits"])):
         return f"{agg['n_splits_done']}/{entry['n_splits']} splits"

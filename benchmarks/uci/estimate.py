@@ -6,22 +6,28 @@ from __future__ import annotations
 import math
 
 from .. import uci_model as um
-from .protocol import hidden_layers, protocol
+from .protocol import has_validation_phase, hidden_layers, protocol
 from .run import _groups, _stack_split_arrays
 from .units import _log
 
 
 def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
     """Time a few training steps and Monte-Carlo chunks of each phase and project the wall
-    time of the full protocol for ``splits`` (with the current settings)."""
+    time of the full protocol for ``splits`` (with the current settings). With
+    ``--validate-single``: the validation phase alone, which that option runs."""
     settings = protocol(ds, guide, args)
     grid = settings["grid"]
     depth = hidden_layers(settings)
     out = {"dataset": ds.name, "guide": guide, "splits": len(splits), "phases": {}}
     total = 0.0
+    only_validation = getattr(args, "validate_single", False)
     for phase, validation in (("validation", True), ("final", False)):
-        # A one-configuration grid (concrete) has no validation phase (see run_dataset_guide).
-        skip = validation and len(grid) == 1 and not um.GUIDES[guide].calibrate_noise
+        # A one-configuration grid (concrete) has no validation phase (see run_dataset_guide)
+        # unless --validate-single runs it, and then only it.
+        if validation:
+            skip = not (only_validation or has_validation_phase(guide, grid))
+        else:
+            skip = only_validation
         chunks = [] if skip else _groups(ds, splits, validation, args.split_batch)
         out["phases"][phase] = []
         phase_s = 0.0
@@ -104,16 +110,20 @@ def _projection_markdown(rows):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        vs, f = r["phases"]["validation"], r["phases"]["final"][0]
+        vs, fs = r["phases"]["validation"], r["phases"]["final"]
         ev = sum(p["eval_s"] for ph in r["phases"].values() for p in ph)
-        if vs:
-            val = f"{vs[0]['members']} | {sum(p['steps'] for p in vs)} | {vs[0]['steps_per_s']:.1f}"
-        else:
-            val = "– | 0 | –"
+        cells = []
+        for ph in (vs, fs):  # a phase not run (no grid; or --validate-single's final) is "–"
+            if ph:
+                cells.append(
+                    f"{ph[0]['members']} | {sum(p['steps'] for p in ph)} | "
+                    f"{ph[0]['steps_per_s']:.1f}"
+                )
+            else:
+                cells.append("– | 0 | –")
         lines.append(
-            f"| {r['dataset']} | {r['guide']} | {r['splits']} | {val} | "
-            f"{f['members']} | {sum(p['steps'] for p in r['phases']['final'])} | "
-            f"{f['steps_per_s']:.1f} | {ev:.0f} | {_hms(r['projected_s'])} |"
+            f"| {r['dataset']} | {r['guide']} | {r['splits']} | {cells[0]} | {cells[1]} | "
+            f"{ev:.0f} | {_hms(r['projected_s'])} |"
         )
     return "\n".join(lines) + "\n"
 

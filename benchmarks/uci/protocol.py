@@ -88,7 +88,10 @@ learned as for the Gaussian guides' "learned" members. Why learned noise rather 
 grid: a τ grid needs the validation phase again (one training per τ plus the final one), while
 the point of the guide is to drop the grid search; with τ learned there is one configuration,
 so the validation phase is skipped and each split costs one training of one member, i.e. 1/13
-of the dropout guide's 12 + 1 trainings (well under the issue's 1/4 budget). Why not the
+of the dropout guide's 12 + 1 trainings (well under the issue's 1/4 budget). Issue 40's
+comparison picks rows by validation LL, so ``--validate-single`` runs that phase apart for such
+a row (one more training of one member on the sub-training rows, not part of the guide's
+procedure for its test numbers). Why not the
 dropout guide's fixed-τ mapping ``τ' = 2τ/(1-p)²``: it needs p before training, and p is what
 is learned. The test LL uses the learned precision mapped back to the original scale; each
 unit records the learned rate of every layer (``learned_dropout_rates``).
@@ -157,6 +160,15 @@ def _full_epochs(ds):
 def hidden_layers(settings):
     """The number of hidden layers of a unit's settings (one-layer units do not record it)."""
     return settings.get("hidden_layers", 1)
+
+
+def has_validation_phase(guide, grid):
+    """Whether a guide's units run their own validation phase: a grid of more than one
+    configuration to select from, or a τ calibration (``concrete-tau``). The others (one
+    configuration: ``concrete`` and the ``<guide>-hetero`` ones but ``dropout-hetero``) have
+    nothing to select; ``--validate-single`` runs their phase apart (:mod:`~benchmarks.uci.
+    validate_single`) so that the row gets a validation LL."""
+    return len(grid) > 1 or um.GUIDES[guide].calibrate_noise
 
 
 def protocol(ds, guide, args):

@@ -238,10 +238,29 @@ def _best_published(summary, guides):
     return lines
 
 
+#: The mark of a validation LL from validation units run apart from the row's final units.
+SEPARATE_MARK = "§"
+
+
+def separate_phase_rows(summary, guides):
+    """``["<dataset> / <guide> (<splits>)", ...]``: the rows whose validation LL comes, on
+    some splits, from a validation phase run apart (``--validate-single``)."""
+    rows = []
+    for name, entry in summary["datasets"].items():
+        for g in guides:
+            val = entry["guides"].get(g, {}).get("val_ll") or {}
+            if val.get("separate_phase_splits"):
+                rows.append(f"{name} / {g} ({_split_list(val['separate_phase_splits'])})")
+    return rows
+
+
 def _pick_cell(guide, agg, validation=False):
     cell = f"{guide}: {_fmt(agg['ll']['mean'], agg['ll']['se'])}"
     if validation:
-        cell += f" (validation {agg['val_ll']['mean']:.4g})"
+        separate = agg["val_ll"].get("separate_phase_splits")
+        cell += (
+            f" (validation {agg['val_ll']['mean']:.4g}{' ' + SEPARATE_MARK if separate else ''})"
+        )
     return cell + (" †" if agg["reduced"] else "") + _mark(agg)
 
 
@@ -303,7 +322,8 @@ def _comparison(summary, guides):
         "configuration (concrete-tau: after its τ calibration); every guide is validated on "
         "the same rows (the last 20 % of each training split, in file order), in the same unit "
         "(mean log-density per point, original scale), heteroscedastic ones included. A row "
-        "with no validation LL (a guide with one configuration has no validation phase), or "
+        "with no validation LL (a guide with one configuration has no validation phase unless "
+        "`--validate-single` ran it apart, §), or "
         "over fewer splits than the dataset's, is not picked and is named in the last column; "
         "where no row has one, the dataset counts as below. Each row's validation LL is the "
         "best over its own grid (12 configurations for dropout and meanfield, 4 for vd and "
@@ -312,6 +332,17 @@ def _comparison(summary, guides):
         "difference (sqrt(SE_ours² + SE_published²), ours alone where the published SE is "
         "not recorded), or below; the signed number is ours minus the reference.",
     ]
+    separate = separate_phase_rows(summary, guides)
+    if separate:
+        lines += [
+            "",
+            f"{SEPARATE_MARK} Validation LLs from a separate validation phase "
+            "(`--validate-single`): a guide with one configuration has nothing to select, so "
+            "its units skip the phase; it was run afterwards, with the settings of the row's "
+            "units (checked): the same sub-training and validation rows, epochs and T as a grid "
+            "guide's phase, seeded the same way, without re-running the final fits, so these "
+            "rows can be picked: " + "; ".join(separate) + ".",
+        ]
     return lines
 
 
@@ -487,6 +518,12 @@ def markdown(summary, guides):
             labels = "; ".join(
                 f"{label} ({_split_list(splits)})" for label, splits in agg["commits"].items()
             )
+            separate = agg.get("separate_validation")
+            if separate:
+                labels += "; validation phase run apart (`--validate-single`): " + "; ".join(
+                    f"{label} ({_split_list(splits)})"
+                    for label, splits in separate["commits"].items()
+                )
             lines.append(f"- {name} / {g}: {labels}")
     lines += ["", "## Hyper-parameters searched (chosen per split by validation LL)", ""]
     lines += [f"- **{g}**: {um.GUIDES[g].description}." for g in guides]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import uci_model as um
-from .protocol import _seed, hidden_layers, protocol
+from .protocol import _seed, has_validation_phase, hidden_layers, protocol
 from .units import _check_settings, _code_state, _log, _read_json, _unit_dir, _versions, _write_json
 
 
@@ -193,7 +193,9 @@ def _validation_phase(ds, guide, splits, settings, out, args):
             **({"tau_calibration": calibration} if calibration else {}),
             "phase": phase,
             "wall_s_share": share,
+            "versions": _versions(),
             "code": _code_state(),
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.val.json", rec)
         records[k] = rec
@@ -284,8 +286,9 @@ def run_dataset_guide(ds, guide, splits, args):
         _log(f"[{ds.name}/{guide}] all {len(splits)} splits finished; skipped", args.quiet)
         return 0
     need_val = [k for k in todo if k not in val_records]
-    if len(settings["grid"]) == 1 and not um.GUIDES[guide].calibrate_noise:
-        # One configuration (e.g. concrete: everything learned): nothing to select.
+    if not has_validation_phase(guide, settings["grid"]):
+        # One configuration (e.g. concrete: everything learned): nothing to select (a
+        # validation unit left by --validate-single is used above when resuming).
         for k in need_val:
             val_records[k] = {"chosen": dict(settings["grid"][0]), "skipped": True}
             val_records[k]["wall_s_share"] = 0.0

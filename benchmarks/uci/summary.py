@@ -15,6 +15,7 @@ from .. import uci_model as um
 from ..uci_published import PUBLISHED, PUBLISHED_COLUMNS, PUBLISHED_TWO_LAYER
 from .protocol import FULL_MC_SAMPLES, hidden_layers
 from .units import _read_json, _unit_dir, commit_label, recorded_settings
+from .validate_single import separate_validation
 
 
 def _mean_se(values):
@@ -37,17 +38,39 @@ def unit_validation_ll(record):
     return float(val["configs"][val["chosen_index"]]["val_ll"])
 
 
-def _validation(recs):
+def _validation(recs, separate=None):
     """``{"mean", "se", "per_split", "n_val"}`` of the chosen configurations' validation LL,
     or ``None`` with the splits that have none (``val_ll_missing_splits``): such a row cannot
-    be picked on validation, and the report says so rather than use its test LL."""
-    vals = [unit_validation_ll(r) for r in recs]
+    be picked on validation, and the report says so rather than use its test LL.
+    ``separate``: ``{split: validation unit}`` of the splits whose validation phase ran apart
+    (``--validate-single``); the aggregate then names them (``separate_phase_splits``)."""
+    separate = separate or {}
+    phases = [r.get("validation") or separate.get(r["split"]) for r in recs]
+    vals = [unit_validation_ll({"validation": v}) for v in phases]
     missing = [r["split"] for r, v in zip(recs, vals, strict=True) if v is None]
     if missing:
         return {"val_ll": None, "val_ll_missing_splits": missing}
     mean, se = _mean_se(vals)
-    n_val = [r["validation"]["n_val"] for r in recs]
-    return {"val_ll": {"mean": mean, "se": se, "per_split": vals, "n_val": n_val}}
+    n_val = [v["n_val"] for v in phases]
+    agg = {"mean": mean, "se": se, "per_split": vals, "n_val": n_val}
+    if separate:
+        agg["separate_phase_splits"] = sorted(separate)
+    return {"val_ll": agg}
+
+
+def _separate_phase(separate):
+    """What a row records of its validation units run apart (``--validate-single``): the
+    commits that wrote them (``{label: splits}``), their wall time (the sum of each unit's
+    share of its batch) and engines. Kept apart from the row's own wall time and commits,
+    which stay those of the units that produced its test numbers."""
+    commits = {}
+    for k, v in sorted(separate.items()):
+        commits.setdefault(commit_label(v), []).append(k)
+    return {
+        "commits": commits,
+        "wall_s": float(sum(v["wall_s_share"] for v in separate.values())),
+        "engines": sorted({v["phase"].get("engine", "unrecorded") for v in separate.values()}),
+    }
 
 
 def _reductions(ds, settings, splits_done):
@@ -111,7 +134,14 @@ def summarize(out, datasets, guides):
                     )
                 }
             agg["chosen_counts"] = chosen
-            agg.update(_validation(recs))  # the validation pick of the report compares these
+            separate = {}  # validation units run apart (--validate-single); refused if not the row's
+            for r in recs:
+                val = separate_validation(_unit_dir(out, ds.name, guide), r)
+                if val is not None:
+                    separate[r["split"]] = val
+            agg.update(_validation(recs, separate))  # the report's validation pick compares these
+            if separate:
+                agg["separate_validation"] = _separate_phase(separate)
             agg["learned_tau_test"] = [r["test"]["tau"] for r in recs]
             agg["wall_s"] = float(sum(r["wall_s"] for r in recs))
             validated = [r["validation"]["phase"] for r in recs if r.get("validation")]

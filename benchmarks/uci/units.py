@@ -69,11 +69,15 @@ def recorded_settings(record):
     return {**_SETTINGS_BEFORE, **record.get("settings", {})}
 
 
+def settings_diff(old, new, shown=4):
+    """``"key: old -> new, ..."`` for the first ``shown`` settings that differ."""
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:shown])
+
+
 def _check_settings(path, record, settings):
     if recorded_settings(record) != settings:
-        old, new = recorded_settings(record), settings
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:4])
+        detail = settings_diff(recorded_settings(record), settings)
         raise RuntimeError(
             f"--resume: {path} was produced with different settings ({detail}); use another "
             "--out folder or delete that file"

@@ -116,7 +116,7 @@ def test_a_row_without_validation_numbers_is_reported_not_used():
     test, val, why = picks({"n_splits": 2, "guides": guides}, order)
     assert (test, val) == ("meanfield", "vd")
     assert why == {
-        "vd-hetero": "no validation phase (one configuration)",
+        "vd-hetero": "no validation phase (one configuration; `--validate-single` runs it)",
         "meanfield": "its summary predates validation LLs (re-summarise its folder: `--report-only --out`)",
         "dropout": "1/2 splits",
     }
