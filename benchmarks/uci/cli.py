@@ -19,7 +19,7 @@ from .estimate import _projection_markdown, estimate
 from .protocol import FULL_MC_SAMPLES, QUICK
 from .report import PAGE_BEGIN, PAGE_END, markdown, splice_page
 from .run import run_dataset_guide
-from .summary import merge_summaries, summarize
+from .summary import base_guide, merge_summaries, row_key, summarize
 from .units import UNRECORDED_COMMIT, _code_state, _log, _versions, _write_json
 from .validate_single import refusal, run_validation_only
 
@@ -218,9 +218,9 @@ def page_row_problems(summary, sources, datasets):
     by_name = {ds.name: ds for ds in datasets}
     problems = []
     for name, entry in summary["datasets"].items():
-        for guide, row in entry["guides"].items():
-            label = f"{name} / {guide}"
-            folder, ds = sources.get((name, guide)), by_name.get(name)
+        for key, row in entry["guides"].items():
+            label, guide = f"{name} / {key}", base_guide(key)
+            folder, ds = sources.get((name, key)), by_name.get(name)
             if folder is None or ds is None:
                 problems.append(f"{label}: no source folder known")
                 continue
@@ -259,8 +259,9 @@ def fill_validation(summary, sources, datasets):
     report names them as not picked on validation."""
     by_name = {ds.name: ds for ds in datasets}
     for name, entry in summary["datasets"].items():
-        for guide, row in entry["guides"].items():
-            folder, ds = sources.get((name, guide)), by_name.get(name)
+        for key, row in entry["guides"].items():
+            guide = base_guide(key)
+            folder, ds = sources.get((name, key)), by_name.get(name)
             if row.get("val_ll") is not None or folder is None or ds is None:
                 continue
             units = summarize(folder, [ds], [guide])["datasets"][name]["guides"].get(guide)
@@ -294,8 +295,8 @@ def run(args, datasets, per_ds):
     sources = {}
     for folder, s in [(p.parent, json.loads(p.read_text())) for p in merged] + [(out, summary)]:
         for name, entry in s["datasets"].items():
-            for guide in entry["guides"]:
-                sources[name, guide] = folder
+            for guide, agg in entry["guides"].items():
+                sources[name, row_key(guide, agg)] = folder
     if merged:
         summary = merge_summaries([json.loads(p.read_text()) for p in merged] + [summary])
         summary["merged_from"] = [str(p) for p in merged] + [str(out / "units")]
@@ -314,9 +315,11 @@ def run(args, datasets, per_ds):
     summary["versions"] = _versions()
     _write_json(out / "summary.json", summary)
     # Columns for the guides with at least one finished row.
-    shown = [
-        g for g in args.guide_names if any(g in e["guides"] for e in summary["datasets"].values())
-    ]
+    present = {k for e in summary["datasets"].values() for k in e["guides"]}
+    shown = sorted(
+        (k for k in present if base_guide(k) in args.guide_names),
+        key=lambda k: (args.guide_names.index(base_guide(k)), k),
+    )
     report = markdown(summary, shown)
     (out / "results.md").write_text(report)
     if page is not None:

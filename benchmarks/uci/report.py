@@ -9,6 +9,7 @@ import math
 from .. import uci_model as um
 from ..uci_published import BEST_PUBLISHED, PUBLISHED_COLUMNS
 from .compare import picks, reference
+from .summary import base_guide, row_depth
 from .units import UNRECORDED_COMMIT
 
 #: The lines of a Markdown page between which ``--page`` writes the report.
@@ -64,11 +65,6 @@ TWO_LAYER_NOTE = (
     '2-layer", `PUBLISHED_TWO_LAYER`) in place of the one-layer anchor.'
 )
 TWO_LAYER_COLUMN = "Dropout'16 2-layer"
-
-
-def row_depth(agg):
-    """Hidden layers of a summary row (rows of summaries before the option: one)."""
-    return agg.get("hidden_layers", agg.get("settings", {}).get("hidden_layers", 1))
 
 
 def anchor_of(entry, agg):
@@ -151,7 +147,44 @@ def _targets(summary, guides):
     ]
     if _has_two_layer(summary, guides):
         lines += ["", TWO_LAYER_NOTE]
-    return lines
+    return lines + _two_layer_reproduction(summary, guides)
+
+
+def _two_layer_reproduction(summary, guides):
+    """Issue 40's reproduction of Gal & Ghahramani 2016's two-layer MC dropout: our two-layer
+    dropout row against the paper's two-layer numbers on the same splits (RMSE, LL), and on
+    how many datasets its LL is at or within one SE of theirs (target: 7 of 9, as the
+    one-layer anchor)."""
+    key = "dropout (2 layers)"
+    lines, shown, ok = [], 0, 0
+    for name, entry in summary["datasets"].items():
+        row, pub = entry["guides"].get(key), entry.get("published_two_layer")
+        if key not in guides or row is None or pub is None:
+            continue
+        cells = []
+        for metric, higher in (("rmse", False), ("ll", True)):
+            ours = (row[metric]["mean"], row[metric]["se"])
+            cells.append(
+                f"{_fmt(*ours)} / {_fmt(*pub[metric])} {_within(ours, pub[metric], higher)[0]}"
+            )
+        shown += 1
+        ok += _within((row["ll"]["mean"], row["ll"]["se"]), pub["ll"], True)[1]
+        dagger = " †" if row["reduced"] else ""
+        lines.append(f"| {name}{dagger} | {cells[0]} | {cells[1]} |")
+    if not lines:
+        return []
+    return [
+        "",
+        "### Two hidden layers: MC dropout against Gal & Ghahramani 2016's two-layer networks",
+        "",
+        "| dataset | RMSE: ours / theirs | LL: ours / theirs |",
+        "| --- | --- | --- |",
+        *lines,
+        "",
+        f"LL at or within one SE of the paper's: **{ok} of {shown}** shown (target: 7 of 9). "
+        "Both on the same splits; theirs from the per-split files of Gal's repository "
+        "(`PUBLISHED_TWO_LAYER`); ✅ / ❌ and the signed difference as in the table above.",
+    ]
 
 
 def best_published_mark(ours, best):
@@ -220,7 +253,7 @@ def _best_published(summary, guides):
         "entry: `benchmarks/uci_published.py`.",
     ]
     lines += _calibration(summary, guides)
-    het = [g for g in guides if g in um.HETERO_BASE]
+    het = [g for g in guides if base_guide(g) in um.HETERO_BASE]
     if het:
         lines += [
             "",
@@ -451,7 +484,7 @@ def _member_step_ratio(guide, dropout_agg, agg=None):
     a grid of more than one configuration or calibrates its noise."""
     grid = len(dropout_agg["settings"]["grid"])
     own = 1 if agg is None else len(agg["settings"]["grid"])
-    if um.GUIDES[guide].calibrate_noise:
+    if um.GUIDES[base_guide(guide)].calibrate_noise:
         ours = 0.8 + 1.0
     else:
         ours = (0.8 * own if own > 1 else 0.0) + 1.0
@@ -526,7 +559,7 @@ def markdown(summary, guides):
                 )
             lines.append(f"- {name} / {g}: {labels}")
     lines += ["", "## Hyper-parameters searched (chosen per split by validation LL)", ""]
-    lines += [f"- **{g}**: {um.GUIDES[g].description}." for g in guides]
+    lines += [f"- **{g}**: {um.GUIDES[base_guide(g)].description}." for g in guides]
     lines += ["", "Chosen configurations (count over splits):", ""]
     for name, entry in summary["datasets"].items():
         for g, agg in entry["guides"].items():

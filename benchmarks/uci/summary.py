@@ -181,17 +181,42 @@ def summarize(out, datasets, guides):
     return summary
 
 
+def row_depth(agg):
+    """Hidden layers of a summary row (rows of summaries before the option: one)."""
+    return agg.get("hidden_layers", agg.get("settings", {}).get("hidden_layers", 1))
+
+
+def row_key(guide, agg):
+    """The key of a row in a merged summary: the guide's name for a one-hidden-layer row,
+    ``"<guide> (<L> layers)"`` for a deeper one, so a two-layer row sits beside the one-layer
+    row of its guide instead of replacing it."""
+    depth = row_depth(agg)
+    return guide if depth == 1 else f"{guide} ({depth} layers)"
+
+
+def base_guide(key):
+    """The guide (a key of :data:`um.GUIDES`) of a merged summary's row key."""
+    return key.split(" (", 1)[0]
+
+
+def _key_order(key):
+    name = base_guide(key)
+    return (list(um.GUIDES).index(name) if name in um.GUIDES else len(um.GUIDES), key)
+
+
 def merge_summaries(summaries):
-    """One summary of several: every (dataset, guide) row of each, a later summary's row
-    replacing an earlier one's (e.g. a full-protocol re-run replacing a reduced-budget row).
-    Datasets keep their first order of appearance; guides the order of :data:`um.GUIDES`."""
+    """One summary of several: every (dataset, guide, depth) row of each, a later summary's row
+    replacing an earlier one's (e.g. a full-protocol re-run replacing a reduced-budget row);
+    rows of other depths are kept apart (:func:`row_key`). Datasets keep their first order of
+    appearance; rows the order of :data:`um.GUIDES`, each guide's deeper rows after it."""
     out = {"created": datetime.now(UTC).isoformat(timespec="seconds"), "datasets": {}}
     for s in summaries:
         for name, entry in s["datasets"].items():
             target = out["datasets"].setdefault(name, {"n_splits": entry["n_splits"], "guides": {}})
-            target["guides"].update(entry["guides"])
+            for guide, agg in entry["guides"].items():
+                target["guides"][row_key(guide, agg)] = agg
     for name, entry in out["datasets"].items():
-        entry["guides"] = {g: entry["guides"][g] for g in um.GUIDES if g in entry["guides"]}
+        entry["guides"] = {g: entry["guides"][g] for g in sorted(entry["guides"], key=_key_order)}
         entry["wall_s"] = float(sum(a["wall_s"] for a in entry["guides"].values()))
         entry["published"] = PUBLISHED.get(name, {})  # the numbers of this code, not the file's
         entry["published_two_layer"] = PUBLISHED_TWO_LAYER.get(name)

@@ -192,3 +192,47 @@ def test_estimate_projects_two_hidden_layers(data_dir, tmp_path):
         assert chunk["seconds_per_step"] > 0
     assert row["projected_s"] > 0
     assert "| yacht | dropout | 1 |" in (tmp_path / "projection.md").read_text()
+
+
+def test_a_merged_two_layer_row_sits_beside_the_one_layer_row(data_dir, two_layer_run, tmp_path):
+    """Merging a two-layer summary keeps the one-layer row of the same guide (at 36cabe0 the
+    two-layer yacht row replaced the one-layer one in the page's dropout column), both
+    recompute from their own units, and the table shows a column per depth."""
+    out2, _, summary2 = two_layer_run
+    one = tmp_path / "one"
+    uci.main(_argv(data_dir, one) + ["--epochs", "2"])
+    merged = uci.main(
+        _argv(data_dir, tmp_path / "page")
+        + ["--report-only", "--merge", str(one / "summary.json")]
+        + ["--merge", str(out2 / "summary.json")]
+    )
+    rows = merged["datasets"]["yacht"]["guides"]
+    assert {"dropout", "dropout (2 layers)"} <= set(rows)
+    one_row = json.loads((one / "summary.json").read_text())["datasets"]["yacht"]["guides"]
+    assert rows["dropout"]["ll"] == one_row["dropout"]["ll"]
+    assert (
+        rows["dropout (2 layers)"]["ll"] == summary2["datasets"]["yacht"]["guides"]["dropout"]["ll"]
+    )
+    md = (tmp_path / "page" / "results.md").read_text()
+    header = [ln for ln in md.split("\n") if ln.startswith("| dataset | ours: dropout")][0]
+    assert "ours: dropout | ours: dropout (2 layers)" in header
+    repro = md.split("Two hidden layers: MC dropout against")[1]
+    pub, ll = PUBLISHED_TWO_LAYER["yacht"]["ll"], rows["dropout (2 layers)"]["ll"]["mean"]
+    assert f"{ll - pub[0]:+.3g}" in repro.split("| yacht")[1].split("\n")[0]
+    assert re.search(r"\*\*[01] of 1\*\* shown \(target: 7 of 9\)", repro)
+    problems = uci.cli.page_row_problems(
+        merged,
+        {
+            ("yacht", "dropout"): one,
+            ("yacht", "dropout (2 layers)"): out2,
+            ("yacht", "concrete (2 layers)"): out2,
+        },
+        [d for d in _resolve_yacht(data_dir)],
+    )
+    assert not [p for p in problems if "differs" in p or "no unit files" in p], problems
+
+
+def _resolve_yacht(data_dir):
+    args = _parser().parse_args(_argv(data_dir, "unused"))
+    datasets, _ = _resolve(args, _parser())
+    return datasets
