@@ -16,7 +16,10 @@ import time
 import pyro
 import torch
 
-from benchmarks import speed
+try:
+    from benchmarks import speed
+except ImportError:  # a tree from before the benchmarks left the package (issue 41)
+    from pyro_dropout.benchmarks import speed
 
 
 def _timeit(fn, reps):
