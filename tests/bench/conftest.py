@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from ._uci import UCI_DIR
+
 
 @pytest.fixture
 def one_thread():
@@ -10,3 +12,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    """The UCI data folder; a missing one fails (CI has it beside the checkout)."""
+    if not (UCI_DIR / "yacht" / "data.txt").is_file():
+        pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
+    return UCI_DIR

@@ -9,7 +9,6 @@ import math
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pyro
 import pytest
@@ -31,17 +30,9 @@ from pyro_dropout.nn.likelihoods import GaussianLikelihood
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 GUIDES = ("dropout", "meanfield", "vd", "concrete", "concrete-tau")
 #: The default guides of a run: the above and issue 24's "<guide>-hetero" configurations.
 ALL_GUIDES = tuple(uci_model.GUIDES)
-
-
-@pytest.fixture(scope="module")
-def data_dir():
-    if not (UCI_DIR / "yacht" / "data.txt").is_file():
-        pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
-    return UCI_DIR
 
 
 def _finite_numbers(obj):

@@ -16,35 +16,16 @@ from benchmarks.uci.protocol import protocol
 from benchmarks.uci_published import PUBLISHED_TWO_LAYER
 from pyro_dropout.datasets import load_uci
 
+from ._uci import yacht_argv
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 #: yacht: 6 inputs, 50 hidden units.
 YACHT_NET = [6, 50, 50, 1]
 
 
-@pytest.fixture(scope="module")
-def data_dir():
-    if not (UCI_DIR / "yacht" / "data.txt").is_file():
-        pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
-    return UCI_DIR
-
-
 def _argv(data_dir, out, guides="dropout"):
-    return [
-        "--data-dir",
-        str(data_dir),
-        "--datasets",
-        "yacht",
-        "--guides",
-        guides,
-        "--splits",
-        "0",
-        "--quick",
-        "--quiet",
-        "--out",
-        str(out),
-    ]
+    return yacht_argv(data_dir, out, guides, "--splits", "0")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,34 +20,15 @@ from benchmarks.uci.report import markdown
 from benchmarks.uci.summary import summarize
 from pyro_dropout.datasets import load_uci
 
+from ._uci import yacht_argv
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-UCI_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
 SINGLE = ("concrete", "vd-hetero")
 
 
-@pytest.fixture(scope="module")
-def data_dir():
-    if not (UCI_DIR / "yacht" / "data.txt").is_file():
-        pytest.fail(f"UCI benchmark data not found at {UCI_DIR} (expected ../shared/data/uci)")
-    return UCI_DIR
-
-
 def _argv(data_dir, out, guides=",".join(SINGLE)):
-    return [
-        "--data-dir",
-        str(data_dir),
-        "--datasets",
-        "yacht",
-        "--guides",
-        guides,
-        "--out",
-        str(out),
-        "--quick",
-        "--epochs",
-        "2",
-        "--quiet",
-    ]
+    return yacht_argv(data_dir, out, guides, "--epochs", "2")
 
 
 def _snapshot(folder, pattern):
