@@ -9,7 +9,7 @@ import torch
 
 from benchmarks import uci_model
 
-from .test_uci_quick import _tiny_batched_fit, data_dir  # noqa: F401
+from .test_uci_quick import _tiny_batched_fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,7 +26,7 @@ def test_grids_have_no_tau_axis():
 
 
 @pytest.mark.parametrize("guide", HETERO)
-def test_hetero_members_learn_their_own_prior_scales_and_noise(data_dir, guide):  # noqa: F811
+def test_hetero_members_learn_their_own_prior_scales_and_noise(data_dir, guide):
     model, g, eval_tau, (xt, yt, mean, std), per = _tiny_batched_fit(data_dir, guide)
     m = model.members
     assert model.heteroscedastic and model.layers[1].out_features == 2
@@ -87,7 +87,7 @@ def test_learned_prior_under_a_fixed_slab_rewards_shrinking_the_first_layer(fixe
         assert abs(drop) < 1e-2
 
 
-def test_hetero_ll_is_the_mixture_of_the_drawn_gaussians(data_dir, monkeypatch):  # noqa: F811
+def test_hetero_ll_is_the_mixture_of_the_drawn_gaussians(data_dir, monkeypatch):
     """evaluate's LL against logsumexp_t log N(y; μ_t, σ_t) − log T from the same draws,
     captured from the draw function (original scale: μ·sd + mean, σ·sd)."""
     model, g, eval_tau, (xt, yt, mean, std), per = _tiny_batched_fit(data_dir, "meanfield-hetero")
