@@ -15,8 +15,9 @@ parameterisation; with the benchmark's Normal prior its KL is the closed-form No
 biases mean-field) and Concrete dropout with one learned rate per layer (``AutoConcreteDropout``'s
 default: relaxed keep masks per example and input unit, the layer's output scaled by
 1 / (1 - p), Gal, Hron & Kendall's KL with its entropy term, the rate through a sigmoid), a
-Gaussian (W1) or categorical (W2) likelihood scaled by N / B, one fused Adam. Each is timed
-eager and as a TorchScript trace; ``--fit AutoConcreteDropout,...`` times fit's default step
+Gaussian (W1) or categorical (W2) likelihood scaled by N / B, and fit's Adam (``--optimizer
+flat``, the default: one flat buffer, ``infer/flat_adam.py``; ``torch``: ``Adam(fused=True)``,
+the floors' optimiser before 2026-11-29). Each is timed eager and as a TorchScript trace; ``--fit AutoConcreteDropout,...`` times fit's default step
 of those guides in the same rounds. Prints one line per method: the median ratio to the plain
 step over interleaved rounds. A measuring aid for the speed page, not a test.
 """
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import speed
+from pyro_dropout.infer.flat_adam import FlatAdam, flat_adam_args
 
 TAU, SLAB2 = 10.0, 1e-4
 TEMPERATURE, INIT_RATE = 0.1, 0.1  # AutoConcreteDropout's defaults
@@ -134,8 +136,18 @@ def _params(sizes, kind):
     return params
 
 
-def _step(loss_fn, params, x, y, traced):
+def _step(loss_fn, params, x, y, traced, optimizer="flat"):
     fn = torch.jit.trace(loss_fn, (x, y, *params), check_trace=False) if traced else loss_fn
+    if optimizer == "flat":  # fit's optimiser since 2026-11-29: Adam on one flat buffer
+        fn(x, y, *params).backward()
+        flat = FlatAdam(params, flat_adam_args(torch.optim.Adam, {"lr": 1e-3}))
+
+        def step():
+            flat.zero_grad()
+            fn(x, y, *params).backward()
+            flat.step()
+
+        return step
     opt = torch.optim.Adam(params, 1e-3, fused=True)
 
     def step():
@@ -159,6 +171,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--reps", type=int, default=None, help="steps per timing (W1 500, W2 20)")
     p.add_argument("--fit", default="", help="also fit's default step of these guides")
+    p.add_argument(
+        "--optimizer",
+        choices=["flat", "torch"],
+        default="flat",
+        help="the hand-written steps' Adam: fit's flat one (default) or torch.optim.Adam(fused)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     w = speed.WORKLOADS[args.workload]
@@ -177,7 +195,9 @@ def main(argv=None):
     for name, loss_fn in losses.items():
         for traced in (False, True):
             label = f"{args.workload} hand-written {name}, {'traced' if traced else 'eager'}"
-            methods[label] = _step(loss_fn, _params(w["sizes"], name), xb, yb, traced)
+            methods[label] = _step(
+                loss_fn, _params(w["sizes"], name), xb, yb, traced, args.optimizer
+            )
     for guide in filter(None, args.fit.split(",")):
         pyro.set_rng_seed(0)
         methods[f"{args.workload} fit's step, {guide}"] = speed._fit_step(w, guide, x, y)

@@ -37,7 +37,8 @@ class CompiledSVI(SVI):
     unconstrained values, backpropagates, steps the optimiser on those parameters (the ones
     ``SVI.step`` would collect) and clears their gradients (to ``None``, as
     ``torch.optim.Optimizer.zero_grad`` does; Pyro's ``SVI`` sets them to zeros). Every other
-    step, and any other ELBO or optimiser, is ``SVI.step`` itself.
+    step, and any other ELBO or optimiser, is ``SVI.step`` itself. (Where the optimiser's flat
+    Adam steps, the gradients are zeroed in place instead: views of its buffer.)
 
     Example::
 
@@ -74,8 +75,7 @@ class CompiledSVI(SVI):
         loss = graph(*params, *args)
         loss.backward()
         self.optim(params)
-        for p in params:
-            p.grad = None
+        self.optim.clear_grads(params)
         loss = loss.item()
         warn_if_nan(loss, "loss")
         return loss

@@ -84,7 +84,7 @@ def fit(
         subsampled plate when it has one (``batch_size`` is then its ``subsample_size``); see
         :mod:`pyro_dropout.infer.minibatch`.
     :param optim: a Pyro optimiser; default ``fused_adam({"lr": lr})`` (the same Adam update
-        as ``pyro.optim.Adam({"lr": lr})``, one multi-tensor optimiser for all parameters:
+        as ``pyro.optim.Adam({"lr": lr})``, one Adam on a flat buffer of all parameters:
         :class:`~pyro_dropout.infer.FusedOptim`).
     :param float lr: Adam's learning rate (default 1e-2: on small regression sets with ~1,000
         steps, 1e-3 under-fitted, e.g. yacht's test log-likelihood 0.9 nats per point lower;

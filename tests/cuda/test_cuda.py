@@ -241,8 +241,9 @@ def test_uci_command_line_runs_on_the_device(tmp_path):
 
 
 def test_fused_optim_steady_state_is_fused_adam_on_the_device():
-    """``FusedOptim``'s steady-state step gives what ``torch.optim.Adam(fused=True)`` gives
-    on the device."""
+    """``FusedOptim``'s steady-state step (the flat Adam, ``infer/flat_adam.py``) gives what
+    ``torch.optim.Adam(fused=True)`` gives on the device, to rounding (the fused kernel rounds
+    ~1 ulp differently), and hands torch's Adam its state on the device."""
     from pyro_dropout.infer import FusedOptim
 
     results = []
@@ -256,8 +257,9 @@ def test_fused_optim_steady_state_is_fused_adam_on_the_device():
                 p.grad = torch.sin(p.detach() * (step + 1))
             fused(params) if ours else opt.step()
         if ours:
+            assert fused._flat is not None  # stepped flat on the device
             opt = fused.optimizer
         assert all(_on_cuda(opt.state[p]["step"]) for p in params)
         results.append([p.detach().cpu() for p in params])
     for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
