@@ -266,3 +266,24 @@ def test_fit_path_steps_flat_and_matches_pyros_adam():
     for k in results[0]:
         torch.testing.assert_close(results[0][k], results[1][k], rtol=1e-5, atol=1e-6, msg=k)
     pyro.clear_param_store()
+
+
+def test_default_fit_builds_no_torch_optimiser():
+    """Time to first step: a default ``fit`` steps the flat Adam and never builds a
+    ``torch.optim`` optimiser, whose first construction in a process imports
+    ``torch._dynamo`` (seconds on a slow host). Checked in a fresh process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from pyro_dropout import AutoDropout, BayesianMLP, fit\n"
+        "x = torch.randn(64, 3); y = x[:, :1]\n"
+        "model = BayesianMLP(3, 1, hidden=(8,))\n"
+        "fit(model, AutoDropout(model), x, y, num_steps=8, batch_size=16, progress=False)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
