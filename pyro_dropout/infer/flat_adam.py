@@ -6,10 +6,12 @@ torch 2.13, 2026-11-29, one process, 7 interleaved rounds, UCI runs paused): a s
 than the arithmetic around it (its ``Optimizer.step`` wrapper: profiler hook, hook loops,
 ``_init_group``, grouping by device and dtype), ~0.35-0.75 ms of a 1.8-3.3 ms training step;
 the same Adam over one flat tensor still ~0.2-0.4 ms. Done here as seven in-place tensor
-operations on one buffer, fit's whole step got 0.3-0.75 ms faster (AutoDropout 1.83 -> 1.40 ms,
-AutoMeanField 2.03 -> 1.71, AutoConcreteDropout 3.32 -> 2.57; plain ``nn.Dropout`` step
-1.1-1.3 ms). Building no ``torch.optim`` optimiser also spares the first step the import of
-``torch._dynamo`` that the first optimiser of a process triggers (seconds on a slow host).
+operations on one buffer (a prototype of this module, before its commit `567df84`), fit's
+whole step got 0.3-0.75 ms faster (AutoDropout 1.83 -> 1.40 ms, AutoMeanField 2.03 -> 1.71,
+AutoConcreteDropout 3.32 -> 2.57; plain ``nn.Dropout`` step 1.1-1.3 ms; the A/B of the
+committed code is on ``docs/benchmarks/speed.md``). Building no ``torch.optim`` optimiser also
+spares the first step the import of ``torch._dynamo`` that the first optimiser of a process
+triggers (seconds on a slow host).
 
 How: each parameter is re-homed (``Tensor.set_``, public) onto a slice of one flat tensor and
 its ``.grad`` is a view of one flat gradient buffer, so backward accumulates into the buffer
