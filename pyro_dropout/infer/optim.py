@@ -47,6 +47,9 @@ class FusedOptim(PyroOptim):
     That holds while every parameter steps every step; the first step where one does not
     (a subset, a missing gradient, new parameters, a parameter replaced), and any read of
     :attr:`optimizer`, hand the state to a ``torch.optim.Adam`` that takes the later steps.
+    The parameters stay on the buffer after training (same tensor objects, same values): saving
+    the param store or a module is unchanged, but ``torch.save`` of one parameter writes the
+    storage it shares with the others (``.clone()`` it first to save it alone).
 
     :param optim_constructor: a ``torch.optim.Optimizer`` class, e.g. ``torch.optim.Adam``.
     :param dict optim_args: its keyword arguments (one dict for all parameters; per-parameter
