@@ -8,8 +8,9 @@ keeps a single optimiser whose parameter list grows as SVI meets new parameters,
 torch's fused kernel (or else its multi-tensor ``foreach`` update) where the optimiser has
 one. Element-wise optimisers (Adam, SGD, …) compute exactly the same update as Pyro's
 per-parameter ones. Only public API: plain Adam (fit's default) is stepped by
-:class:`~pyro_dropout.infer.flat_adam.FlatAdam` on one flat buffer (torch's single-tensor Adam
-update to the bit; a step 0.3-0.75 ms faster at the speed page's W1 than
+:class:`~pyro_dropout.infer.flat_adam.FlatAdam` on one flat buffer (torch's fused Adam kernel
+through the functional ``torch.optim.adam.adam``, or torch's single-tensor update by hand where
+the caller turned the kernel off; a step 0.3-0.75 ms faster at the speed page's W1 than
 ``Adam(fused=True).step()`` over the parameter tensors, whose ``Optimizer.step`` wrapper costs
 more than the arithmetic there); anything else, and Adam from the first step the flat one
 cannot follow exactly, is ``optimizer.step()`` of a ``torch.optim`` optimiser. (A steady
@@ -164,7 +165,8 @@ class FusedOptim(PyroOptim):
         if self._flat_hyper is None or not flat_eligible(params):
             return False
         try:
-            self._flat = FlatAdam(params, self._flat_hyper)
+            fused = self.pt_optim_args.get("fused") is True  # the kernel torch's Adam would run
+            self._flat = FlatAdam(params, self._flat_hyper, fused=fused)
         except RuntimeError:  # a tensor that cannot be re-homed (made by .detach()): torch's
             return False
         self._members.update(params)
