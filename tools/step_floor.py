@@ -16,7 +16,7 @@ biases mean-field) and Concrete dropout with one learned rate per layer (``AutoC
 default: relaxed keep masks per example and input unit, the layer's output scaled by
 1 / (1 - p), Gal, Hron & Kendall's KL with its entropy term, the rate through a sigmoid), a
 Gaussian (W1) or categorical (W2) likelihood scaled by N / B, and fit's Adam (``--optimizer
-flat``, the default: one flat buffer, ``infer/flat_adam.py``; ``torch``: ``Adam(fused=True)``,
+flat``, the default: one flat buffer, ``infer/flat_adam.py``, fused kernel as in fit; ``torch``: ``Adam(fused=True)``,
 the floors' optimiser before 2026-11-29). Each is timed eager and as a TorchScript trace; ``--fit AutoConcreteDropout,...`` times fit's default step
 of those guides in the same rounds. Prints one line per method: the median ratio to the plain
 step over interleaved rounds. A measuring aid for the speed page, not a test.
@@ -140,7 +140,7 @@ def _step(loss_fn, params, x, y, traced, optimizer="flat"):
     fn = torch.jit.trace(loss_fn, (x, y, *params), check_trace=False) if traced else loss_fn
     if optimizer == "flat":  # fit's optimiser since 2026-11-29: Adam on one flat buffer
         fn(x, y, *params).backward()
-        flat = FlatAdam(params, flat_adam_args(torch.optim.Adam, {"lr": 1e-3}))
+        flat = FlatAdam(params, flat_adam_args(torch.optim.Adam, {"lr": 1e-3}), fused=True)
 
         def step():
             flat.zero_grad()
