@@ -15,31 +15,28 @@ triggers (seconds on a slow host).
 
 How: each parameter is re-homed (``Tensor.set_``, public) onto a slice of one flat tensor and
 its ``.grad`` is a view of one flat gradient buffer, so backward accumulates into the buffer
-in place and Adam (Kingma & Ba 2015, the update of ``torch.optim.Adam`` with ``amsgrad``,
-``maximize`` and decoupled decay off) is one pass of whole-buffer operations:
+in place, and Adam (Kingma & Ba 2015, with ``amsgrad``, ``maximize`` and decoupled decay off)
 
     m <- beta1 m + (1 - beta1) g,   v <- beta2 v + (1 - beta2) g^2,
     theta <- theta - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),
 
-with ``g <- g + weight_decay * theta`` first (L2 decay, as ``torch.optim.Adam``). Where the
-caller asked for the fused kernel (``fused_adam``, fit's default) the update is torch's fused
-kernel, called on the buffer through the functional ``torch.optim.adam.adam`` (public: its
-module's ``__all__``; no ``Optimizer.step`` wrapper): one pass over memory, where seven
-whole-buffer operations make seven. Measured (one CPU thread, torch 2.13, 2026-11-29, UCI runs
-paused), the update alone: 503 elements (W1) 62 us by hand vs 69 us fused, 10^4 89 vs 80,
-10^5 356 vs 236, 7 x 10^5 3,994 vs 1,430 us; in fit's step (the speed workloads, one process,
-interleaved rounds, ratio to the plain step), at W2 (4.8 x 10^5 elements for the dropout
-guides, 9.6 x 10^5 for mean-field and VD) fused / by hand: AutoDropout 1.11 / 1.27,
-Concrete 1.48 / 1.62, mean-field 1.96 / 2.15, VD 1.53 / 1.79; at W1 equal within the noise
-(1.26 / 1.24, 2.45 / 2.47, 1.86 / 1.87, 1.81 / 1.75). The first version of this module
-(``567df84``) stepped by hand only. Otherwise (``fused=False`` given, or no fused kernel for the
-device and dtype) the seven operations above run, torch's single-tensor update to the bit.
-It is exact only while every parameter steps every step with one step count;
+(``g <- g + weight_decay * theta`` first, L2 decay) is one call of torch's own update on the
+buffer, the functional ``torch.optim.adam.adam`` (public: its module's ``__all__``; the
+arithmetic of ``torch.optim.Adam.step`` without the ``Optimizer`` wrapper): its fused kernel
+where the caller asked for it (``fused_adam``, fit's default), else, or where the device and
+dtype have none, its single-tensor update. The fused kernel is one pass over memory where the
+same update by hand makes seven. Measured (one CPU thread, torch 2.13, 2026-11-29, UCI runs
+paused), the update alone, by hand (seven in-place operations, this module at ``567df84``) vs
+fused: 503 elements (W1) 62 vs 69 us, 10^4 89 vs 80, 10^5 356 vs 236, 7 x 10^5 3,994 vs
+1,430 us; in fit's step (the speed workloads, one process, interleaved rounds, ratio to the
+plain step) at W2 (4.8 x 10^5 elements for the dropout guides, 9.6 x 10^5 for mean-field and
+VD), fused / by hand: AutoDropout 1.11 / 1.27, Concrete 1.48 / 1.62, mean-field 1.96 / 2.15,
+VD 1.53 / 1.79; at W1 equal within the noise (1.26 / 1.24, 2.45 / 2.47, 1.86 / 1.87, 1.81 /
+1.75). Exact only while every parameter steps every step with one step count:
 :class:`FusedOptim` hands the state to a ``torch.optim.Adam`` as soon as that stops being
 true.
 """
 
-import math
 from typing import Any
 
 import torch
@@ -99,8 +96,8 @@ class FlatAdam:
         flat gradient buffer. Raises ``RuntimeError`` where a tensor cannot be re-homed (e.g.
         one made by ``.detach()``).
     :param dict hyper: ``lr``, ``betas``, ``eps``, ``weight_decay`` (see :func:`flat_adam_args`).
-    :param bool fused: step with torch's fused Adam kernel (by hand where the device or dtype
-        has none, found at the first step).
+    :param bool fused: step with torch's fused Adam kernel (its single-tensor update where the
+        device or dtype has none, found at the first step), else the single-tensor update.
     """
 
     def __init__(
@@ -116,7 +113,6 @@ class FlatAdam:
         self.flat_grad = torch.zeros_like(self.flat)
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
-        self._denom = torch.empty_like(self.flat)
         self.step_count = 0
         # the fused kernel's step count: a float32 tensor on the device, as torch's Adam keeps it
         self._step = torch.zeros((), dtype=torch.float32, device=first.device)
@@ -158,42 +154,34 @@ class FlatAdam:
     def step(self) -> None:
         h = self.hyper
         beta1, beta2 = h["betas"]
+        kernel = {"fused": True} if self.fused else {"foreach": False}  # single-tensor
+        try:
+            # torch.optim.adam.adam (public, in its module's __all__): the functional form of
+            # torch.optim.Adam.step without the Optimizer wrapper, on the one flat buffer
+            adam(
+                [self.flat],
+                [self.flat_grad],
+                [self.exp_avg],
+                [self.exp_avg_sq],
+                [],
+                [self._step],
+                **kernel,
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=h["lr"],
+                weight_decay=h["weight_decay"],
+                eps=h["eps"],
+                maximize=False,
+            )
+        except RuntimeError:
+            if not self.fused or self.step_count:
+                raise
+            self.fused = False  # no fused kernel for this device or dtype: torch's single-tensor
+            self._step.fill_(0.0)
+            self.step()
+            return
         self.step_count += 1
-        if self.fused:
-            try:
-                # torch.optim.adam.adam (public, in its module's __all__): the functional form of
-                # torch.optim.Adam.step without the Optimizer wrapper; one pass over the buffer
-                adam(
-                    [self.flat],
-                    [self.flat_grad],
-                    [self.exp_avg],
-                    [self.exp_avg_sq],
-                    [],
-                    [self._step],
-                    fused=True,
-                    amsgrad=False,
-                    beta1=beta1,
-                    beta2=beta2,
-                    lr=h["lr"],
-                    weight_decay=h["weight_decay"],
-                    eps=h["eps"],
-                    maximize=False,
-                )
-                return
-            except RuntimeError:
-                if self.step_count > 1:
-                    raise
-                self.fused = False  # no fused kernel for this device or dtype: by hand
-        self._step.fill_(self.step_count)
-        t = self.step_count
-        g = self.flat_grad
-        if h["weight_decay"]:
-            g = g.add(self.flat, alpha=h["weight_decay"])
-        self.exp_avg.lerp_(g, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = torch.sqrt(self.exp_avg_sq, out=self._denom)
-        denom.div_(math.sqrt(1 - beta2**t)).add_(h["eps"])
-        self.flat.addcdiv_(self.exp_avg, denom, value=-h["lr"] / (1 - beta1**t))
 
     def zero_grad(self) -> None:
         """Zero the gradients in place (they stay views of the buffer)."""

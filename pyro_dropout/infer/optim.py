@@ -9,7 +9,7 @@ torch's fused kernel (or else its multi-tensor ``foreach`` update) where the opt
 one. Element-wise optimisers (Adam, SGD, …) compute exactly the same update as Pyro's
 per-parameter ones. Only public API: plain Adam (fit's default) is stepped by
 :class:`~pyro_dropout.infer.flat_adam.FlatAdam` on one flat buffer (torch's fused Adam kernel
-through the functional ``torch.optim.adam.adam``, or torch's single-tensor update by hand where
+through the functional ``torch.optim.adam.adam``, or its single-tensor update where
 the caller turned the kernel off; a step 0.3-0.75 ms faster at the speed page's W1 than
 ``Adam(fused=True).step()`` over the parameter tensors, whose ``Optimizer.step`` wrapper costs
 more than the arithmetic there); anything else, and Adam from the first step the flat one

@@ -52,13 +52,13 @@ def _run(args, steps, dtype=torch.float32, between=None):
         ({"lr": 0.01, "weight_decay": 0.1, "fused": False, "foreach": False}, torch.float32),
         ({"lr": 0.003, "betas": (0.8, 0.95), "fused": False}, torch.float64),
     ],
-    ids=["adam", "decay", "float64", "by-hand-decay", "by-hand-float64"],
+    ids=["adam", "decay", "float64", "single-tensor-decay", "single-tensor-float64"],
 )
 def test_flat_adam_is_torch_adam(args, dtype):
     """The same update as ``torch.optim.Adam``: its fused kernel (fit's default, run on the flat
     buffer through ``torch.optim.adam.adam``) within a few ulp (an element in the kernel's
     vectorised body on one layout may fall in its scalar tail on the other: ~1 ulp a step), or,
-    where the caller turned the fused kernel off, its single-tensor path (done by hand) to the
+    where the caller turned the fused kernel off, its single-tensor path to the
     bit."""
     ours, ref, fused, opt = _run(args, 60, dtype)
     assert fused._flat is not None and fused._optimizer is None  # stepped flat throughout
@@ -300,15 +300,21 @@ def test_default_fit_builds_no_torch_optimiser():
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
 
 
-def test_no_fused_kernel_for_the_buffer_steps_by_hand(monkeypatch):
+def test_no_fused_kernel_for_the_buffer_runs_the_single_tensor_update(monkeypatch):
     """Where torch's fused kernel refuses the buffer at the first step (a device or dtype it
-    lacks), the flat Adam steps by hand: torch's single-tensor update, to the bit."""
+    lacks), the flat Adam runs torch's single-tensor update, to the bit."""
     from pyro_dropout.infer import flat_adam
 
-    def refuse(*args, **kwargs):
-        raise RuntimeError("no fused kernel here")
+    real = flat_adam.adam
+    refused = []
 
-    monkeypatch.setattr(flat_adam, "adam", refuse)
+    def no_fused_kernel(*args, fused=None, **kwargs):
+        if fused:
+            refused.append(1)
+            raise RuntimeError("no fused kernel here")
+        return real(*args, fused=fused, **kwargs)
+
+    monkeypatch.setattr(flat_adam, "adam", no_fused_kernel)
     ours, ref = _params(), _params()
     opt = fused_adam({"lr": 0.01})
     torch_opt = torch.optim.Adam(ref, lr=0.01, foreach=False)
@@ -317,6 +323,6 @@ def test_no_fused_kernel_for_the_buffer_steps_by_hand(monkeypatch):
         _grads(ref, step)
         opt(ours)
         torch_opt.step()
-    assert opt._flat is not None and opt._flat.fused is False
+    assert opt._flat is not None and opt._flat.fused is False and refused == [1]
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
