@@ -154,7 +154,6 @@ class FlatAdam:
     def step(self) -> None:
         h = self.hyper
         beta1, beta2 = h["betas"]
-        kernel = {"fused": True} if self.fused else {"foreach": False}  # single-tensor
         try:
             # torch.optim.adam.adam (public, in its module's __all__): the functional form of
             # torch.optim.Adam.step without the Optimizer wrapper, on the one flat buffer
@@ -165,7 +164,8 @@ class FlatAdam:
                 [self.exp_avg_sq],
                 [],
                 [self._step],
-                **kernel,
+                foreach=False,  # (single-tensor where not fused)
+                fused=self.fused,
                 amsgrad=False,
                 beta1=beta1,
                 beta2=beta2,
