@@ -23,14 +23,15 @@ def _grads(params, step):
         p.grad = torch.sin(p.detach() * (step + 1)) + 0.1
 
 
-def _run(args, steps, dtype=torch.float32, between=None):
+def _run(args, steps, dtype=torch.float32, between=None, kernel=None):
     """``FusedOptim(Adam, args)`` against ``torch.optim.Adam`` with the kernel FusedOptim
-    picks (fused unless ``args`` say otherwise) on the same gradients; returns both parameter
-    lists, the ``FusedOptim`` and torch's optimiser."""
+    picks (fused unless ``args`` say otherwise; ``kernel`` names another) on the same
+    gradients; returns both parameter lists, the ``FusedOptim`` and torch's optimiser."""
     ours, ref = _params(dtype), _params(dtype)
     fused = FusedOptim(torch.optim.Adam, dict(args))
     torch_args = {k: v for k, v in args.items() if k not in ("fused", "foreach")}
-    kernel = {"fused": True} if args.get("fused", True) else {"foreach": False}
+    if kernel is None:
+        kernel = {"fused": True} if args.get("fused", True) else {"foreach": False}
     opt = torch.optim.Adam(ref, **kernel, **torch_args)
     for step in range(steps):
         _grads(ours, step)
@@ -315,14 +316,7 @@ def test_no_fused_kernel_for_the_buffer_runs_the_single_tensor_update(monkeypatc
         return real(*args, fused=fused, **kwargs)
 
     monkeypatch.setattr(flat_adam, "adam", no_fused_kernel)
-    ours, ref = _params(), _params()
-    opt = fused_adam({"lr": 0.01})
-    torch_opt = torch.optim.Adam(ref, lr=0.01, foreach=False)
-    for step in range(20):
-        _grads(ours, step)
-        _grads(ref, step)
-        opt(ours)
-        torch_opt.step()
+    ours, ref, opt, _ = _run({"lr": 0.01}, 20, kernel={"foreach": False})
     assert opt._flat is not None and opt._flat.fused is False and refused == [1]
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
