@@ -47,6 +47,7 @@ def concrete_keep_mask(
     temperature: float,
     shape: tuple[int, ...] | torch.Size,
     relaxed: bool = True,
+    dropout_logit: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""A keep mask of ``shape`` for drop rates ``dropout_rate`` (broadcastable to ``shape``).
 
@@ -59,7 +60,8 @@ def concrete_keep_mask(
 
     differentiable in ``p``; as :math:`t \to 0` it tends to a hard Bernoulli(p) drop indicator.
     ``relaxed=False`` draws the hard mask :math:`\mathbb 1[u \ge p]` (keep with probability
-    :math:`1-p`), through which no gradient flows to ``p``.
+    :math:`1-p`), through which no gradient flows to ``p``. ``dropout_logit``, where given, is
+    :math:`\operatorname{logit} p` (the relaxed mask then reads it instead of computing it).
     """
     rate = dropout_rate
     u = torch.rand(shape, dtype=rate.dtype, device=rate.device)
@@ -72,7 +74,8 @@ def concrete_keep_mask(
     # (logit p is one operation where log p - log(1 - p) is four: it runs per layer and step.)
     scale = -1.0 / temperature
     noise = torch.logit(u, eps=torch.finfo(rate.dtype).eps)
-    return torch.sigmoid(torch.add(torch.logit(rate) * scale, noise, alpha=scale))
+    logit = torch.logit(rate) if dropout_logit is None else dropout_logit
+    return torch.sigmoid(torch.add(logit * scale, noise, alpha=scale))
 
 
 def _compact(rate, ndim):
@@ -126,6 +129,14 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     :param scale: slab standard deviation :math:`\sigma > 0`, broadcastable to ``loc``.
     :param dropout_rate: drop probability :math:`p \in (0, 1)` (open: the relaxation needs
         :math:`\operatorname{logit} p`), broadcastable to :attr:`mask_shape`.
+    :param dropout_logit: instead of ``dropout_rate`` (give exactly one, as ``probs`` and
+        ``logits`` of :class:`torch.distributions.Bernoulli`): :math:`\operatorname{logit} p`,
+        :math:`p = \sigma(\text{dropout\_logit})`. The mask and the KL then read the logit
+        itself: no ``logit`` of a rate, and the Bernoulli entropy as
+        :math:`p\operatorname{logit}p - \operatorname{softplus}(\operatorname{logit} p)`
+        rather than two ``xlogy`` (fewer operations per step, and no round trip through
+        :math:`p` that loses the logit's precision where :math:`p` is near 1).
+        :class:`~pyro_dropout.AutoConcreteDropout` builds its families this way.
     :param float temperature: Concrete temperature :math:`t > 0` (default 0.1, the paper's).
     :param bool relaxed: whether :meth:`rsample` uses the relaxed mask (default True).
     :param int event_dim: rightmost dims of ``loc`` forming one event; at least 2 (output and
@@ -142,13 +153,25 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         self,
         loc: torch.Tensor,
         scale: torch.Tensor | float,
-        dropout_rate: torch.Tensor | float,
+        dropout_rate: torch.Tensor | float | None = None,
         temperature: torch.Tensor | float = 0.1,
         relaxed: bool = True,
         event_dim: int | None = None,
         validate_args: bool | None = None,
+        *,
+        dropout_logit: torch.Tensor | float | None = None,
     ) -> None:
         loc = torch.as_tensor(loc)
+        if (dropout_rate is None) == (dropout_logit is None):
+            raise ValueError(
+                "ConcreteMaskedNormal: give exactly one of dropout_rate and dropout_logit, got "
+                f"{'both' if dropout_rate is not None else 'neither'}"
+            )
+        logit = None
+        if dropout_logit is not None:
+            dtype = loc.dtype if torch.is_floating_point(loc) else torch.get_default_dtype()
+            logit = torch.as_tensor(dropout_logit, dtype=dtype, device=loc.device)
+            dropout_rate = torch.sigmoid(logit)
         if event_dim is None:
             event_dim = loc.dim()
         if not isinstance(event_dim, int) or event_dim < 2:
@@ -173,6 +196,8 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
             )
         self.dropout_rate = rate.expand(shape)
         self._compact_rate = _compact(rate, len(shape))
+        #: logit p on the compact rates where the family was built from ``dropout_logit``
+        self._compact_logit = None if logit is None else _compact(logit, len(shape))
         self.temperature = float(temperature)
         self.relaxed = bool(relaxed)
         # BernoulliMaskedNormal was built unvalidated (its [0, 1) rate check is not ours): take
@@ -191,6 +216,12 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
             if not ((self.dropout_rate > 0) & (self.dropout_rate < 1)).all():
                 raise ValueError(
                     "ConcreteMaskedNormal: dropout_rate must lie in the open interval (0, 1)"
+                    + (
+                        ""
+                        if logit is None
+                        else " (it is sigmoid(dropout_logit): keep |logit| "
+                        "within the dtype's range, e.g. below 15.9 for float32)"
+                    )
                 )
 
     #: The mean weight :math:`\mathbb E W = (1-p)M` where the family was built by
@@ -203,7 +234,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         cls,
         mean: torch.Tensor,
         scale: torch.Tensor | float,
-        dropout_rate: torch.Tensor | float,
+        dropout_rate: torch.Tensor | float | None = None,
         temperature: torch.Tensor | float = 0.1,
         relaxed: bool = True,
         event_dim: int | None = None,
@@ -219,18 +250,27 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         :math:`\|\text{mean}\|^2 / (1-p)`. Why: dividing every weight by :math:`1-p`, and
         that division's backward, cost 0.4× a plain ``nn.Dropout`` step on the speed
         benchmark's W2 network (784-400-400-10, batch 128); a compiled loss that never reads
-        :attr:`loc` drops the division as dead code.
+        :attr:`loc` drops the division as dead code. As in the constructor, ``dropout_logit=``
+        may be given instead of ``dropout_rate``.
         """
         if not torch.is_tensor(mean):
             mean = torch.as_tensor(mean)
         if not torch.is_floating_point(mean):
             mean = mean.to(torch.get_default_dtype())
-        rate = dropout_rate
-        if not (torch.is_tensor(rate) and rate.dtype == mean.dtype and rate.device == mean.device):
-            rate = torch.as_tensor(rate, dtype=mean.dtype, device=mean.device)
+        # The rate or, with ``dropout_logit=``, its logit (the constructor checks that exactly
+        # one is given), as a tensor of the mean's dtype and device.
+        key = "dropout_rate" if kwargs.get("dropout_logit") is None else "dropout_logit"
+        given = dropout_rate if key == "dropout_rate" else kwargs.pop("dropout_logit")
+        if given is not None and not (
+            torch.is_tensor(given) and given.dtype == mean.dtype and given.device == mean.device
+        ):
+            given = torch.as_tensor(given, dtype=mean.dtype, device=mean.device)
+        if key == "dropout_logit":
+            kwargs["dropout_logit"] = given
         # Built (and validated) with the mean weight in M's place, for the shapes; M itself is
         # computed when first read (an eager step that never reads it saves its division too).
-        shape = broadcast_shape(mean.shape, rate.shape)
+        shape = mean.shape if given is None else broadcast_shape(mean.shape, given.shape)
+        rate = given if key == "dropout_rate" else dropout_rate
         new = cls(mean.expand(shape), scale, rate, temperature, relaxed, event_dim, **kwargs)
         new.mean_weight = mean.expand(new.batch_shape + new.event_shape)
         new._loc = None
@@ -257,6 +297,16 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
         """``batch_shape + (1, in) + (1,) * (event_dim - 2)``: one mask per input unit/channel."""
         return self.batch_shape + (1, self.event_shape[1]) + (1,) * (len(self.event_shape) - 2)
 
+    @property
+    def dropout_logit(self) -> torch.Tensor:
+        """:math:`\\operatorname{logit} p`, of :attr:`dropout_rate`'s shape (the given logit where
+        the family was built from ``dropout_logit``, else computed from the rate)."""
+        return self._logit(self._compact_logit, self._compact_rate).expand(self.dropout_rate.shape)
+
+    @staticmethod
+    def _logit(logit, rate):
+        return torch.logit(rate) if logit is None else logit
+
     def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         new = self._get_checked_instance(ConcreteMaskedNormal, _instance)
         batch_shape = torch.Size(batch_shape)
@@ -272,6 +322,11 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
             batch_shape + self.dropout_rate.shape[len(self.batch_shape) :]
         )
         new._compact_rate = _compact(self._compact_rate, new.dropout_rate.dim())
+        new._compact_logit = (
+            None
+            if self._compact_logit is None
+            else _compact(self._compact_logit, new.dropout_rate.dim())
+        )
         new.temperature = self.temperature
         new.relaxed = self.relaxed
         super(BernoulliMaskedNormal, new).__init__(
@@ -292,8 +347,9 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     def rsample(self, sample_shape: tuple[int, ...] = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         if self.relaxed:
+            logit = None if self._compact_logit is None else self.dropout_logit
             z = concrete_keep_mask(
-                self.dropout_rate, self.temperature, self._mask_shape(sample_shape)
+                self.dropout_rate, self.temperature, self._mask_shape(sample_shape), True, logit
             )
         else:
             z = self.sample_mask(sample_shape)

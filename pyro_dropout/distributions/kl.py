@@ -13,6 +13,7 @@ from typing import Literal
 
 import pyro.distributions as pyro_dist
 import torch
+import torch.nn.functional as F
 from torch.distributions import Gamma, Independent, Normal, TransformedDistribution, register_kl
 from torch.distributions.transforms import AffineTransform, ComposeTransform, ExpTransform
 
@@ -181,7 +182,13 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
     const = _sum_as_expanded(const, full, group_dims)
     rate = q._compact_rate
     keep = 1 - rate
-    fixed = const + (torch.xlogy(rate, rate) + torch.xlogy(keep, keep))
+    if q._compact_logit is None:
+        fixed = const + (torch.xlogy(rate, rate) + torch.xlogy(keep, keep))
+    else:
+        # From the logit l (the family built with dropout_logit): log(1 - p) = -softplus(l), so
+        # p log p + (1 - p) log(1 - p) = p l + log(1 - p) = p l - softplus(l).
+        logit = q._compact_logit
+        fixed = const + (rate * logit - F.softplus(logit))
     zero_prior_mean = known_zero(loc0)
     if not zero_prior_mean:
         fixed = fixed + rate * _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)

@@ -142,15 +142,30 @@ def _lrt_bernoulli_masked_normal(fn, x, spec):
 _lrt_bernoulli_masked_normal.exact_for_tokens = True  # type: ignore[attr-defined]
 
 
-def _concrete_mask_and_weight(fn, rate, shape):
+def _concrete_mask_and_weight(fn, rates, shape):
     """The keep mask of ``shape`` and the weight it multiplies: ``z`` and :math:`M`, or, for
     a family built by :meth:`~pyro_dropout.ConcreteMaskedNormal.from_mean`, ``z / (1 - p)``
     and the mean weight (the same product; :math:`M` itself, the whole weight divided by
     :math:`1 - p`, is never formed: see ``from_mean``)."""
-    mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed)
+    rate, logit, keep = rates
+    mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed, logit)
     if fn.mean_weight is None:
         return mask, fn.loc
-    return mask * torch.reciprocal(1 - rate), fn.mean_weight
+    return mask / keep, fn.mean_weight
+
+
+def _concrete_rates(fn):
+    """``(p, logit p or None, 1 - p)`` on the family's compact rates without their output dim.
+    ``1 - p`` is computed as the KL computes it (on the compact rates, then the dim selected),
+    so that a compiled loss computes it once; the logit is the family's own where it was built
+    from one (:class:`~pyro_dropout.AutoConcreteDropout`'s), saving a ``logit`` per layer."""
+    dim = -fn.event_dim
+    logit = fn._compact_logit
+    return (
+        fn._compact_rate.select(dim, 0),
+        None if logit is None else logit.select(dim, 0),
+        (1 - fn._compact_rate).select(dim, 0),
+    )
 
 
 @register_local_reparameterization(ConcreteMaskedNormal)
@@ -160,14 +175,15 @@ def _lrt_concrete_masked_normal(fn, x, spec):
     # the arithmetic runs on the rates without their broadcast dims.
     full = fn.dropout_rate.shape
     rate_shape = full[: len(full) - fn.event_dim] + full[len(full) - fn.event_dim + 1 :]
-    rate = fn._compact_rate.select(-fn.event_dim, 0)
+    rates = _concrete_rates(fn)
+    rate, logit, keep = rates
     if isinstance(spec, LinearSpec) and spec.transposed:
         # Weight stored (in, out), used as x @ W: the mask zeroes output columns (see the
         # Bernoulli rule above).
         weight = fn.loc if fn.mean_weight is None else fn.mean_weight
         mean = spec(x, weight)
         rows = _per_example_shape(mean.shape, spec, spec.feature_dims)
-        mask, _ = _concrete_mask_and_weight(fn, rate, broadcast_shape(rows, rate_shape))
+        mask, _ = _concrete_mask_and_weight(fn, rates, broadcast_shape(rows, rate_shape))
         if spec.tokens:
             return mean * mask + _flipout_slab(fn, x, spec)
         return GaussianPreactivation(mean * mask, _noise_variance(x, fn.scale, spec))
@@ -188,15 +204,15 @@ def _lrt_concrete_masked_normal(fn, x, spec):
     if fn.mean_weight is not None and rate.shape[unit_dim] == 1:
         # One rate for all input units (one per layer): (x ⊙ z / (1 - p)) W = ((x ⊙ z) W) / (1 - p),
         # so the factor scales the output (out values per example) rather than the mask.
-        mask, weight = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed), fn.mean_weight
-        out_scale = torch.reciprocal(1 - rate)
+        mask = concrete_keep_mask(rate, fn.temperature, shape, fn.relaxed, logit)
+        weight, out_scale = fn.mean_weight, keep
     else:
-        (mask, weight), out_scale = _concrete_mask_and_weight(fn, rate, shape), None
+        (mask, weight), out_scale = _concrete_mask_and_weight(fn, rates, shape), None
     if isinstance(spec, ConvSpec) and spec.groups > 1:
         mask = mask.repeat((1,) * (mask.dim() - spec.ndim - 1) + (spec.groups,) + (1,) * spec.ndim)
     mean = spec(x * mask, weight)
     if out_scale is not None:
-        mean = mean * out_scale
+        mean = mean / out_scale  # (one division: a reciprocal and a product take two)
     if isinstance(spec, LinearSpec) and not spec.tokens:
         return GaussianPreactivation(mean, _noise_variance(x, fn.scale, spec))
     # A kernel is shared by all positions (a Linear weight by all tokens), so its slab noise

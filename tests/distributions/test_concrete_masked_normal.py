@@ -321,3 +321,80 @@ def test_a_captured_kl_treats_a_prior_mean_that_is_an_input_as_data():
         for n in captured_constant.graph.nodes
     ), captured_constant.module.code
     assert any("sub" in str(n.target) for n in captured.graph.nodes)  # (the check can fail)
+
+
+# --------------------------------------------------------------------------------------------
+# the logit parameterisation (dropout_logit)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (3, 2, 3)], ids=["linear", "conv1d"])
+@pytest.mark.parametrize("per_unit", [False, True], ids=["layer rate", "unit rates"])
+@pytest.mark.parametrize("build", ["init", "from_mean"])
+def test_a_family_built_from_the_logit_is_the_family_of_its_rate(shape, per_unit, build):
+    """dropout_logit=l is dropout_rate=sigmoid(l): the same relaxed and hard draws, density,
+    KL (the entropy as p l - softplus(l) instead of two xlogy) and gradients in l, and it is
+    kept by expand."""
+    seeded(2)
+    loc = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    rate_shape = (1, shape[1] if per_unit else 1) + (1,) * (len(shape) - 2)
+    logit = (torch.randn(rate_shape, dtype=torch.float64) * 2).requires_grad_()
+    make = ConcreteMaskedNormal.from_mean if build == "from_mean" else ConcreteMaskedNormal
+    a = make(loc, 0.1, dropout_logit=logit, event_dim=len(shape))
+    b = make(loc, 0.1, torch.sigmoid(logit), event_dim=len(shape))
+    assert a._compact_logit is not None and b._compact_logit is None
+    torch.testing.assert_close(a.dropout_rate, b.dropout_rate)
+    torch.testing.assert_close(a.dropout_logit, b.dropout_logit)
+    for draw in ("rsample", "sample"):
+        torch.manual_seed(5)
+        wa = getattr(a, draw)((3,))
+        torch.manual_seed(5)
+        torch.testing.assert_close(wa, getattr(b, draw)((3,)))
+    w = b.sample((2,))
+    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
+    prior = dist.Normal(torch.zeros(shape, dtype=torch.float64), 1.3).to_event(len(shape))
+    kl_a, kl_b = kl_divergence(a, prior), kl_divergence(b, prior)
+    torch.testing.assert_close(kl_a, kl_b)
+    ga = torch.autograd.grad(kl_a, [loc, logit])
+    gb = torch.autograd.grad(kl_b, [loc, logit])
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y)
+    big = a.expand((2,))
+    assert big._compact_logit is not None
+    torch.testing.assert_close(kl_divergence(big, prior.expand((2,))), kl_b.expand(2))
+
+
+def test_the_entropy_from_the_logit_stays_finite_where_the_rate_rounds_to_one():
+    """At logit 40 (float64: sigmoid rounds to 1 - 4e-18 -> 1.0 in float32) the rate form needs
+    log(1 - p); the logit form is p l - softplus(l), finite and exact (-40 e^-40 ...)."""
+    loc = torch.randn(3, 2, dtype=torch.float64)
+    logit = torch.tensor([[-12.0]], dtype=torch.float64, requires_grad=True)
+    q = ConcreteMaskedNormal(loc, 0.1, dropout_logit=logit, validate_args=True)
+    prior = dist.Normal(torch.zeros(3, 2, dtype=torch.float64), 1.0).to_event(2)
+    kl = kl_divergence(q, prior)
+    (grad,) = torch.autograd.grad(kl, [logit])
+    assert torch.isfinite(kl) and torch.isfinite(grad)
+    # against the rate form at the same point (both fine here: p = 6e-6)
+    ref = kl_divergence(ConcreteMaskedNormal(loc, 0.1, torch.sigmoid(logit.detach())), prior)
+    torch.testing.assert_close(kl.detach(), ref)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "neither"),
+        ({"dropout_rate": 0.2, "dropout_logit": 0.0}, "both"),
+    ],
+)
+def test_exactly_one_of_rate_and_logit(kwargs, message):
+    with pytest.raises(
+        ValueError, match=f"exactly one of dropout_rate and dropout_logit.*{message}"
+    ):
+        ConcreteMaskedNormal(torch.zeros(3, 2), 0.1, **kwargs)
+    with pytest.raises(ValueError, match="exactly one"):
+        ConcreteMaskedNormal.from_mean(torch.zeros(3, 2), 0.1, **kwargs)
+
+
+def test_a_logit_whose_rate_rounds_to_one_is_refused_naming_the_logit():
+    with pytest.raises(ValueError, match="sigmoid\\(dropout_logit\\)"):
+        ConcreteMaskedNormal(torch.zeros(3, 2), 0.1, dropout_logit=40.0, validate_args=True)

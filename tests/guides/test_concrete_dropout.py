@@ -139,9 +139,9 @@ def mask_calls(monkeypatch):
     calls = []
     original = lrt_rules.concrete_keep_mask
 
-    def spy(rate, temperature, shape, relaxed=True):
+    def spy(rate, temperature, shape, relaxed=True, dropout_logit=None):
         calls.append(relaxed)
-        return original(rate, temperature, shape, relaxed)
+        return original(rate, temperature, shape, relaxed, dropout_logit)
 
     monkeypatch.setattr(lrt_rules, "concrete_keep_mask", spy)
     monkeypatch.setattr(concrete_masked_normal, "concrete_keep_mask", spy)
@@ -241,3 +241,57 @@ def test_learned_rates_fall_as_the_training_set_grows():
     small = _learned_rates(30, steps=400)
     large = _learned_rates(300, steps=400)
     assert (large < small).all(), (small, large)
+
+
+# --------------------------------------------------------------------------------------------
+# the families read the rate's logit from its unconstrained parameter
+# --------------------------------------------------------------------------------------------
+
+
+def _site_fns(model, guide, x):
+    trace = poutine.trace(guide).get_trace(x)
+    return {
+        n: s["fn"] for n, s in trace.nodes.items() if isinstance(s.get("fn"), ConcreteMaskedNormal)
+    }
+
+
+def test_the_families_are_built_from_the_clamped_logit_of_the_stored_rate():
+    """Each weight family carries logit p read from the param store's unconstrained tensor
+    (p = sigmoid(θ)), clamped to the rate clamp's range; its rate is dropout_rates()'s. A value
+    replayed whose unconstrained tensor is gone falls back to the rate (same family)."""
+    model, guide, x, _ = _fitted(steps=3)
+    fns = _site_fns(model, guide, x)
+    assert fns
+    rates = guide.dropout_rates(x)
+    for name, fn in fns.items():
+        assert fn._compact_logit is not None
+        torch.testing.assert_close(fn.dropout_rate.detach().reshape(-1)[0], rates[name].reshape(()))
+    # a stored logit beyond the clamp: the family's rate stays inside (eps, 1 - eps)
+    store = pyro.get_param_store()
+    names = [n for n in store.keys() if "drop_rates" in n]
+    assert names
+    with torch.no_grad():
+        for n in names:
+            store[n].unconstrained().fill_(60.0)
+    for fn in _site_fns(model, guide, x).values():
+        assert 0 < float(fn.dropout_rate.detach().max()) < 1
+    # replayed with no unconstrained tensor: the rate path, the same distribution
+    with torch.no_grad():
+        for n in names:
+            store[n].unconstrained().fill_(-1.3)
+    # (Pyro's replay wants constrained values, with ``unconstrained``; a weakref to a tensor
+    # that is gone, e.g. after the param store was cleared, gives None)
+    plain = {n: store[n].detach().clone() for n in names}
+    for v in plain.values():
+        v.unconstrained = lambda: None
+    replayed = poutine.trace(poutine.replay(guide, params=plain)).get_trace(x)
+    by_rate = {
+        n: s["fn"]
+        for n, s in replayed.nodes.items()
+        if isinstance(s.get("fn"), ConcreteMaskedNormal)
+    }
+    by_logit = _site_fns(model, guide, x)
+    assert by_rate.keys() == by_logit.keys()
+    for n, fn in by_rate.items():
+        assert fn._compact_logit is None and by_logit[n]._compact_logit is not None
+        torch.testing.assert_close(fn.dropout_rate.detach(), by_logit[n].dropout_rate.detach())
