@@ -168,7 +168,7 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
                 f"{'both' if dropout_rate is not None else 'neither'}"
             )
         logit = None
-        if dropout_logit is not None:
+        if dropout_rate is None:
             dtype = loc.dtype if torch.is_floating_point(loc) else torch.get_default_dtype()
             logit = torch.as_tensor(dropout_logit, dtype=dtype, device=loc.device)
             dropout_rate = torch.sigmoid(logit)
