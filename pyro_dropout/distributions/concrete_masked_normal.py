@@ -301,11 +301,10 @@ class ConcreteMaskedNormal(BernoulliMaskedNormal):
     def dropout_logit(self) -> torch.Tensor:
         """:math:`\\operatorname{logit} p`, of :attr:`dropout_rate`'s shape (the given logit where
         the family was built from ``dropout_logit``, else computed from the rate)."""
-        return self._logit(self._compact_logit, self._compact_rate).expand(self.dropout_rate.shape)
-
-    @staticmethod
-    def _logit(logit, rate):
-        return torch.logit(rate) if logit is None else logit
+        logit = self._compact_logit
+        if logit is None:
+            logit = torch.logit(self._compact_rate)
+        return logit.expand(self.dropout_rate.shape)
 
     def expand(self, batch_shape: tuple[int, ...], _instance: Self | None = None) -> Self:
         new = self._get_checked_instance(ConcreteMaskedNormal, _instance)

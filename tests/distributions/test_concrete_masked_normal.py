@@ -251,6 +251,24 @@ def _prior(kind, shape):
     return dist.Normal(loc0, 1.1).to_event(len(shape))
 
 
+def _assert_same_family(a, b, prior, leaves):
+    """Two builds of one family: the same relaxed and hard draws (same seed), density, KL
+    against ``prior`` and KL gradients in ``leaves``; returns ``b``'s KL."""
+    for draw in ("rsample", "sample"):
+        torch.manual_seed(5)
+        wa = getattr(a, draw)((3,))
+        torch.manual_seed(5)
+        torch.testing.assert_close(wa, getattr(b, draw)((3,)))
+    w = b.sample((2,))
+    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
+    kl_a, kl_b = kl_divergence(a, prior), kl_divergence(b, prior)
+    torch.testing.assert_close(kl_a, kl_b)
+    grads = zip(torch.autograd.grad(kl_a, leaves), torch.autograd.grad(kl_b, leaves), strict=True)
+    for ga, gb in grads:
+        torch.testing.assert_close(ga, gb)
+    return kl_b
+
+
 @pytest.mark.parametrize("prior_kind", ["zero", "shifted", "per-weight scale", "learned"])
 @pytest.mark.parametrize("shape", [(6, 4), (3, 2, 3)], ids=["linear", "conv1d"])
 @pytest.mark.parametrize("per_unit", [False, True], ids=["layer rate", "unit rates"])
@@ -272,20 +290,8 @@ def test_from_mean_is_the_family_with_loc_mean_over_keep(prior_kind, shape, per_
     assert a.mean_weight is not None and b.mean_weight is None
     torch.testing.assert_close(a.mean, b.mean)
     torch.testing.assert_close(a.loc, b.loc)
-    for draw in ("rsample", "sample"):
-        torch.manual_seed(5)
-        wa = getattr(a, draw)((3,))
-        torch.manual_seed(5)
-        torch.testing.assert_close(wa, getattr(b, draw)((3,)))
-    w = b.sample((2,))
-    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
     leaves = [mean, rate] + [t for t in (prior.base_dist.loc,) if t.requires_grad]
-    kl_a, kl_b = kl_divergence(a, prior), kl_divergence(b, prior)
-    torch.testing.assert_close(kl_a, kl_b)
-    for ga, gb in zip(
-        torch.autograd.grad(kl_a, leaves), torch.autograd.grad(kl_b, leaves), strict=True
-    ):
-        torch.testing.assert_close(ga, gb)
+    kl_b = _assert_same_family(a, b, prior, leaves)
     big = a.expand((2,))
     assert big.mean_weight.shape == (2,) + tuple(shape)
     torch.testing.assert_close(big.loc, b.loc.expand((2,) + tuple(shape)))
@@ -345,20 +351,8 @@ def test_a_family_built_from_the_logit_is_the_family_of_its_rate(shape, per_unit
     assert a._compact_logit is not None and b._compact_logit is None
     torch.testing.assert_close(a.dropout_rate, b.dropout_rate)
     torch.testing.assert_close(a.dropout_logit, b.dropout_logit)
-    for draw in ("rsample", "sample"):
-        torch.manual_seed(5)
-        wa = getattr(a, draw)((3,))
-        torch.manual_seed(5)
-        torch.testing.assert_close(wa, getattr(b, draw)((3,)))
-    w = b.sample((2,))
-    torch.testing.assert_close(a.log_prob(w), b.log_prob(w))
     prior = dist.Normal(torch.zeros(shape, dtype=torch.float64), 1.3).to_event(len(shape))
-    kl_a, kl_b = kl_divergence(a, prior), kl_divergence(b, prior)
-    torch.testing.assert_close(kl_a, kl_b)
-    ga = torch.autograd.grad(kl_a, [loc, logit])
-    gb = torch.autograd.grad(kl_b, [loc, logit])
-    for x, y in zip(ga, gb, strict=True):
-        torch.testing.assert_close(x, y)
+    kl_b = _assert_same_family(a, b, prior, [loc, logit])
     big = a.expand((2,))
     assert big._compact_logit is not None
     torch.testing.assert_close(kl_divergence(big, prior.expand((2,))), kl_b.expand(2))
