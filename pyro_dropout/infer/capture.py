@@ -870,9 +870,10 @@ def _sum_form(x):
 
 
 def _fuse_linear_bias(graph):
-    """``F.linear(x, w) + b`` with ``b`` of the output's last size as ``F.linear(x, w, b)``
-    (one kernel; the local reparameterisation adds its bias after the product)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    """``F.linear(x, w) + b`` with ``b`` of the output's last size (or 0-d) as ``F.linear(x, w, b)``
+    (one kernel; the local reparameterisation adds its bias after the product). Where ``b`` is
+    computed after the product (a Gaussian family's bias variance σ_b², read after the weights'
+    product), the product moves down to the sum, unless a call between them writes in place."""
     for node in list(graph.nodes):
         if node.op != "call_function" or _BINARY.get(node.meta.get("func")) != "add":
             continue
@@ -885,15 +886,24 @@ def _fuse_linear_bias(graph):
             and lin.meta.get("func") is torch.nn.functional.linear
             and lin.meta.get("grad") is None
             and not lin.kwargs
-            and len(lin.args) == 3
-            and lin.args[2] is None
+            and lin.args[2:] in ((), (None,))
             and len(lin.users) == 1
             and lin.meta.get("shape") == node.meta.get("shape")
-            and bias.meta.get("shape") == lin.meta["shape"][-1:]
+            and bias.meta.get("shape") in (lin.meta["shape"][-1:], ())  # F.linear takes both
             and bias.meta.get("like") == lin.meta.get("like")
-            and order[bias] < order[lin]
         ):
             continue
+        between = []  # the calls from the product to the sum
+        n = lin.next
+        while n is not node:
+            between.append(n)
+            n = n.next
+        if any(
+            n.op == "call_function" and _updates(n, n.args[0] if n.args else None) for n in between
+        ):
+            continue
+        if bias in between:
+            node.prepend(lin)
         lin.args = (lin.args[0], lin.args[1], bias)
         node.replace_all_uses_with(lin)
         graph.erase_node(node)

@@ -5,6 +5,7 @@ cannot replay."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pyro_dropout.infer.capture import CaptureError, capture
 
@@ -134,3 +135,49 @@ def test_a_clamp_of_a_clamp_is_one_clamp_with_the_same_values_and_gradients():
     torch.testing.assert_close(c(x), fn(x))
     for a, b in zip(_grads(c, (x,)), _grads(fn, (x,)), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_product_and_a_bias_computed_after_it_are_one_linear():
+    """``F.linear(x, w) + b`` is one ``F.linear(x, w, b)`` also where ``b`` is computed after
+    the product (a Gaussian family's bias variance) or is 0-d (a one-unit layer's), with the
+    same values and gradients."""
+    torch.manual_seed(0)
+    inputs = (
+        torch.randn(6, 3),
+        torch.randn(2, 3, requires_grad=True),
+        torch.randn(2, requires_grad=True),
+        torch.randn(1, 3, requires_grad=True),
+        torch.randn((), requires_grad=True),
+    )
+
+    def fn(x, w, s, w1, t):
+        a = F.linear(x * x, w)
+        b = F.softplus(s) ** 2  # after the product
+        c = F.linear(x, w1) + t.exp()  # a 0-d bias
+        return (a + b).tanh().sum() + (c * c).sum()
+
+    _, c = capture(fn, inputs)
+    linears = [n for n in c.graph.nodes if n.target is torch._C._nn.linear]
+    assert len(linears) == 2 and all(n.args[2] is not None for n in linears), c.module.code
+    assert c.module.code.count("add(") == 1, c.module.code  # the two sums' alone
+    torch.testing.assert_close(c(*inputs), fn(*inputs))
+    for a, b in zip(_grads(c, inputs), _grads(fn, inputs), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_product_does_not_move_past_a_write_to_its_input():
+    """The product is not moved down to a bias computed after it when a call between them
+    writes in place to what it reads: it would read the written values."""
+    x = torch.randn(4, 3)
+    w = torch.randn(2, 3)
+    s = torch.randn(2, requires_grad=True)
+
+    def fn(x, w, s):
+        y = x.clone()
+        a = F.linear(y, w)
+        y.mul_(2.0)
+        return (a + s * 2.0).sum() + y.sum()
+
+    _, c = capture(fn, (x, w, s))
+    torch.testing.assert_close(c(x, w, s), fn(x, w, s))
+    torch.testing.assert_close(_grads(c, (x, w, s)), _grads(fn, (x, w, s)))
