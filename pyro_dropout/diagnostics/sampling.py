@@ -69,14 +69,6 @@ class Draws:
     improper_prior_sites: list[str] = field(default_factory=list)
 
 
-def _as_tensor(a: Any) -> Any:
-    if a is None or isinstance(a, torch.Tensor):
-        return a
-    if isinstance(a, np.ndarray):
-        return torch.as_tensor(a)
-    return a
-
-
 def _num_rows(a: Any, name: str) -> int:
     shape = getattr(a, "shape", None)
     if shape is None or len(shape) == 0:

@@ -35,13 +35,6 @@ def model_dtype(model, guide=None):
     return _module_dtype(model) or _module_dtype(guide) or torch.get_default_dtype()
 
 
-def model_device(model):
-    if isinstance(model, torch.nn.Module):
-        for t in (*model.parameters(), *model.buffers()):
-            return t.device
-    return None
-
-
 def as_tensor(value, name):
     """``value`` as a tensor (numpy arrays and lists of numbers converted, dtype kept); a
     ``TypeError`` naming ``name`` for anything else."""
