@@ -34,7 +34,8 @@
 # problem.
 #
 # **Budget.** Full run (`PYRO_DROPOUT_QUICK` unset): 400 epochs per guide, about a minute on
-# one CPU core for the four guides, about five minutes in all with the last section's 28 fits.
+# one CPU core for the four guides; the whole notebook with the last section's 28 fits took
+# 512 s when it was last rendered (a 2-core host shared with two other jobs).
 # Quick run (`PYRO_DROPOUT_QUICK=1`, used by the tests): 10 epochs (5 for the last section's
 # UCI fits), numbers meaningless: it checks that every cell runs.
 
@@ -260,11 +261,11 @@ summary(fits["mc_dropout"], ["net.layers.1.bias"])[["mean", "sd", "ess_bulk", "r
 # problem below.
 
 # %%
-make_guide = {
-    "mc_dropout": lambda m: AutoDropout(m, dropout_rate=0.05),
-    "concrete_dropout": AutoConcreteDropout,
-    "mean_field": AutoMeanField,
-    "variational_dropout": lambda m: AutoVariationalDropout(m, alpha="weight"),
+make_guide = {  # name: (model, store name) -> guide
+    "mc_dropout": lambda m, n: AutoDropout(m, dropout_rate=0.05, name=n),
+    "concrete_dropout": lambda m, n: AutoConcreteDropout(m, name=n),
+    "mean_field": lambda m, n: AutoMeanField(m, name=n),
+    "variational_dropout": lambda m, n: AutoVariationalDropout(m, alpha="weight", name=n),
 }
 VARIANTS = {  # label: (likelihood, weight prior)
     "homo, N(0,1)": ("regression", 1.0),
@@ -275,13 +276,17 @@ VARIANTS = {  # label: (likelihood, weight prior)
 
 
 def fit_variants(x, y, labels, hidden, **train):
-    """{(guide, variant): (model, guide)}: one model per variant, the four guides on it."""
+    """{(guide, variant): (model, guide)}: one model per variant, the four guides on it.
+
+    Each guide gets a name of its own in Pyro's param store (``name=``): many guides of one
+    class are alive at once, and a default name would depend on the order they were built in.
+    """
     out = {}
     for label in labels:
         likelihood, prior = VARIANTS[label]
         model = BayesianMLP(x.shape[1], 1, hidden=hidden, likelihood=likelihood, prior=prior)
         for i, (name, make) in enumerate(make_guide.items()):
-            guide = make(model)
+            guide = make(model, f"{name}[{label}, {len(x)} rows]")
             fit(model, guide, x, y, progress=False, seed=SEED + i, **train)
             out[name, label] = (model, guide)
     return out
@@ -350,27 +355,35 @@ for (name, label), (m, g) in uci_fits.items():
 #   above 0.7 for every fit. The only rows PSIS-LOO is happy with are the collapsed ones
 #   below (`elpd_loo` ≈ −646, a standard normal's log density on 455 rows): a flag-free
 #   estimate is a reliable estimate, not a good model.
-# * **homo → hetero** (fixed prior) leaves `test_rmse` where it was and changes only the
-#   noise: one SD for every house becomes a SD per house (the ranges printed above), and the
-#   mixture of the predicted Gaussians is scored. On this split `test_lpd` moves up a little
-#   for MC dropout and mean field (within the noise of 51 houses), not at all for variational
-#   dropout, and down by 0.4 for Concrete dropout, whose predicted noise goes down to a few
-#   hundredths and whose 90 % interval then covers only about 78 % of the test houses. On 455 rows an input-dependent noise is easy to overfit; on the 1-D
-#   problem below, where the noise truly varies sevenfold, the gain is large for every guide.
+# * **homo → hetero** (fixed prior) lowers `test_rmse` a little under every guide (0.27–0.28
+#   → 0.23–0.25) and changes the noise: one SD for every house becomes a SD per house (the
+#   ranges printed above), and the mixture of the predicted Gaussians is scored. On this split
+#   `test_lpd` moves up for MC dropout (+0.14), Concrete dropout (+0.12) and mean field
+#   (+0.07), about the noise of 51 houses, and not at all for variational dropout. On 455 rows
+#   an input-dependent noise is easy to overfit (an earlier render of this notebook, at an
+#   older commit, had Concrete dropout's noise go down to a few hundredths and its 90 %
+#   interval cover 78 % of the test houses); on the 1-D problem below, where the noise truly
+#   varies sevenfold, the gain is large for every guide.
 # * **N(0,1) → learned prior** is where the guides part ways. With the scale at its optimum,
 #   the weights' KL costs about $\tfrac K2\log(\overline{\mathbb E_q[w^2]}/\sigma^2)$ nats
 #   for a layer of $K$ weights with posterior SD $\sigma$. `AutoMeanField` learns its
 #   $\sigma$ and keeps a working network, with prior scales of about 0.1 (first layer) and
 #   0.3–0.45 (second) and a `test_lpd` close to its fixed-prior one. MC dropout and Concrete
 #   dropout have a *fixed* small $\sigma$ (the slab, 0.01): with the weights' mean square of
-#   the fixed-prior dropout fit (about 0.04 in the first layer) the first layer's 650 weights
-#   alone would cost some 2,000 nats, while the fitted network beats a constant by about
-#   700 nats on the 455 training rows. The ELBO prefers to switch the network off: every mean
-#   weight at 0, the fitted scale equal to the slab SD (0.01), a constant prediction with
-#   `test_rmse` 0.84 (the RMS of the standardised test targets) and a noise SD of 1.
-#   Variational dropout, with its $\alpha$ per weight, collapses the same way. A learned
-#   prior replaces a grid search over $s$ under a guide that learns its variances; under the
-#   dropout guides on a small data set it is no improvement but a switch-off.
+#   the fixed-prior MC dropout fit (about 0.05 in the first layer) the first layer's 650
+#   weights alone would cost some 2,000 nats, while the fitted network, with its noise SD of
+#   0.2, scores some 700 nats above a constant's $-646$ on the 455 training rows. MC
+#   dropout's ELBO prefers to switch the network off: every mean weight at 0, the fitted scale
+#   equal to the slab SD (0.01), a constant prediction with `test_rmse` 0.85 (the RMS of the
+#   standardised test targets) and a noise SD of 1. Variational dropout, with its $\alpha$
+#   per weight, collapses the same way. Concrete dropout, which learns its drop rates, took a
+#   middle route in this run: it shrank the first layer (mean square of its weights 0.0007,
+#   against 0.057 under the fixed prior: some 600 nats), raised its rates (0.006 / 0.05,
+#   against 0.002 / 0.014) and kept a network with `test_rmse` 0.31 and `test_lpd` −0.48,
+#   below its fixed-prior −0.14. (An earlier render, at an older commit, switched it off like
+#   MC dropout: which of the two the optimiser reaches is not robust.) A learned prior
+#   replaces a grid search over $s$ under a guide that learns its variances; under the
+#   dropout guides on a small data set it is no improvement: a switch-off or a worse fit.
 #
 # ## The aleatoric and epistemic bands on a 1-D problem
 #
@@ -444,12 +457,13 @@ fig.tight_layout(rect=(0, 0.04, 1, 1))
 # %% [markdown]
 # Top row: one noise scale, so the orange band has the same width everywhere, too wide at
 # $x = 0$ (noise 0.1) and too narrow at the ends (noise 0.9). Middle row: the band follows
-# the noise under all four guides (least sharply under MC dropout, whose fitted noise SD at
-# $x = 0$ stays near 0.4), and the blue epistemic band, the part the weights do not know,
-# stays thin where the data are and widens beyond them ($|x| > 2$) and a little in the gap.
-# Bottom row: with the learned prior, MC dropout, Concrete dropout and variational dropout
-# switch the network off as on Boston (a flat mean, the noise absorbing everything), while
-# mean field keeps the fit of the middle row and its fresh-data LL.
+# the noise under all four guides (fitted noise SD 0.15–0.21 at $x = 0$, truth 0.10;
+# 0.69–0.92 at $x = 1.5$, truth 0.70), and the blue epistemic band, the part the weights do
+# not know, stays thin where the data are and widens beyond them ($|x| > 2$) and a little in
+# the gap. Bottom row: with the learned prior, MC dropout and variational dropout switch the
+# network off as on Boston (a flat mean, the noise absorbing everything: fresh-data LL −1.29
+# and −1.28), while Concrete dropout and mean field keep the fit of the middle row (−0.655
+# and −0.608, against −0.631 and −0.595 with the fixed prior).
 
 # %% [markdown]
 # ## The same fit in plain Pyro
