@@ -55,16 +55,24 @@ def _run(args, steps, dtype=torch.float32, between=None, kernel=None):
     ],
     ids=["adam", "decay", "float64", "single-tensor-decay", "single-tensor-float64"],
 )
-def test_flat_adam_is_torch_adam(args, dtype):
+@pytest.mark.parametrize("inline", [False, True], ids=["kernel", "inline"])
+def test_flat_adam_is_torch_adam(args, dtype, inline, monkeypatch):
     """The same update as ``torch.optim.Adam``: its fused kernel (fit's default, run on the flat
     buffer through ``torch.optim.adam.adam``) within a few ulp (an element in the kernel's
     vectorised body on one layout may fall in its scalar tail on the other: ~1 ulp a step), or,
-    where the caller turned the fused kernel off, its single-tensor path to the
-    bit."""
-    ours, ref, fused, opt = _run(args, 60, dtype)
+    where the caller turned the fused kernel off, its single-tensor path to the bit. A small
+    CPU buffer (``INLINE_MAX``, this one) takes the fused step as the single-tensor arithmetic
+    written inline: to the bit that path's."""
+    from pyro_dropout.infer import flat_adam
+
+    monkeypatch.setattr(flat_adam, "INLINE_MAX", 4096 if inline else 0)
+    single = args.get("fused") is False
+    kernel = {"foreach": False} if inline or single else None
+    ours, ref, fused, opt = _run(args, 60, dtype, kernel=kernel)
     assert fused._flat is not None and fused._optimizer is None  # stepped flat throughout
     assert fused._flat.fused == args.get("fused", True)
-    tol = {"rtol": 0, "atol": 0} if args.get("fused") is False else {"rtol": 1e-5, "atol": 1e-7}
+    assert fused._flat._inline == (inline and not single)
+    tol = {"rtol": 0, "atol": 0} if kernel else {"rtol": 1e-5, "atol": 1e-7}
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, **tol)
     # and the state torch would hold, per parameter, from get_state
@@ -316,6 +324,7 @@ def test_no_fused_kernel_for_the_buffer_runs_the_single_tensor_update(monkeypatc
         return real(*args, fused=fused, **kwargs)
 
     monkeypatch.setattr(flat_adam, "adam", no_fused_kernel)
+    monkeypatch.setattr(flat_adam, "INLINE_MAX", 0)  # (a small CPU buffer never calls adam)
     ours, ref, opt, _ = _run({"lr": 0.01}, 20, kernel={"foreach": False})
     assert opt._flat is not None and opt._flat.fused is False and refused == [1]
     for a, b in zip(ours, ref, strict=True):
