@@ -35,7 +35,8 @@
 #
 # **Budget.** Full run (`PYRO_DROPOUT_QUICK` unset): 400 epochs per guide, about a minute on
 # one CPU core for the four guides; the whole notebook with the last section's 28 fits took
-# 512 s when it was last rendered (a 2-core host shared with two other jobs).
+# 512 s when it was last rendered (the outputs below: the library at `3a1a5df`, on a 2-core
+# host shared with two other jobs).
 # Quick run (`PYRO_DROPOUT_QUICK=1`, used by the tests): 10 epochs (5 for the last section's
 # UCI fits), numbers meaningless: it checks that every cell runs.
 
