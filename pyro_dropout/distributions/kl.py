@@ -13,7 +13,6 @@ from typing import Literal
 
 import pyro.distributions as pyro_dist
 import torch
-import torch.nn.functional as F
 from torch.distributions import Gamma, Independent, Normal, TransformedDistribution, register_kl
 from torch.distributions.transforms import AffineTransform, ComposeTransform, ExpTransform
 
@@ -186,9 +185,11 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
         fixed = const + (torch.xlogy(rate, rate) + torch.xlogy(keep, keep))
     else:
         # From the logit l (the family built with dropout_logit): log(1 - p) = -softplus(l), so
-        # p log p + (1 - p) log(1 - p) = p l + log(1 - p) = p l - softplus(l).
+        # p log p + (1 - p) log(1 - p) = p l - softplus(l) = -BCE(l, p), the binary cross
+        # entropy of p against the logits l: one operation (torch's stable form) where the
+        # product, softplus and difference take three (issue 38; tested against xlogy).
         logit = q._compact_logit
-        fixed = const + (rate * logit - F.softplus(logit))
+        fixed = const - torch.binary_cross_entropy_with_logits(logit, rate, None, None, 0)
     zero_prior_mean = known_zero(loc0)
     if not zero_prior_mean:
         fixed = fixed + rate * _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)
@@ -200,12 +201,13 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
         # on-component's (1 - p) ||M - m0||² is ||m' - (1 - p) m0||² / (1 - p), and M is
         # never formed (see from_mean).
         centred = q.mean_weight if zero_prior_mean else q.mean_weight - keep * loc0
+        # on / (2 s0² (1 - p)) + fixed as one addcdiv (a division, product and sum take three)
         if is_uniform(scale0):  # one prior scale: divide the sums, not every weight
             on = _sum_as_expanded(centred**2, full, group_dims)
-            per_group = on * ((0.5 / scale0.reshape(-1)[0] ** 2) / keep) + fixed
+            per_group = torch.addcdiv(fixed, on, keep * (2 * scale0.reshape(-1)[0] ** 2))
         else:
             on = _sum_as_expanded((centred / scale0) ** 2, full, group_dims)
-            per_group = on * (keep.new_tensor(0.5) / keep) + fixed
+            per_group = torch.addcdiv(fixed, on, keep, value=0.5)
     batch_shape = full[: len(full) - event_dim]
     group_shape = batch_shape + (1, full[len(full) - event_dim + 1]) + (1,) * (event_dim - 2)
     kl = _sum_as_expanded(per_group, group_shape, [-event_dim + 1])

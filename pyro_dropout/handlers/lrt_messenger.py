@@ -360,22 +360,26 @@ class LocalReparameterizationMessenger(Messenger):
                 event = len(bias_base.event_shape)
                 bias_base = _align_batch(bias_base, bias.shape[: bias.dim() - event])
         if isinstance(out, GaussianPreactivation):
-            mean, var = out
+            mean, var, sd = out
             if bias_base is not None:
                 # Per-example bias noise N(μ_b, σ_b²) folded into the same Gaussian: one draw.
                 mean = add_bias(mean, bias_base.loc, spec)
                 bias_scale = unexpand(bias_base.scale)
                 if bias_scale.numel() == 1:
-                    # One bias scale for all units (AutoDropout's fixed σ): add it as a scalar
+                    # One bias scale for all units (AutoDropout's fixed σ): added as a scalar
                     # so the variance keeps its (…, 1) shape and the floor and square root
-                    # below run per example, not per unit.
-                    var = var + bias_scale.reshape(()) ** 2
+                    # below run per example, not per unit. (σ_b > 0, a Normal's scale: so
+                    # hypot's gradient is finite.)
+                    if sd is None:
+                        var = var + bias_scale.reshape(()) ** 2
+                    else:
+                        sd = torch.hypot(sd, bias_scale.reshape(()))
                 else:
-                    var = add_bias(var, bias_base.scale**2, spec)
+                    var, sd = add_bias(out.variance(), bias_base.scale**2, spec), None
             elif bias is not None:
                 mean = add_bias(mean, bias, spec)
             batch = tuple(weight.shape[: weight.dim() - event_dim]) + (1,) * spec.feature_dims
-            out = sample_gaussian_preactivation(mean, var, batch)
+            out = sample_gaussian_preactivation(mean, var, batch, sd)
         elif bias is not None:
             if bias_base is not None:
                 bias = bias_base.loc + bias_base.scale * _randn_like(out, bias_base.loc, spec)

@@ -28,7 +28,8 @@ def register_local_reparameterization(
     ``fn`` of the weight (``Independent`` wrappers removed), the layer input ``x`` and the
     layer's :class:`~pyro_dropout.nn.functional.LinearSpec` / ``ConvSpec``; it returns one
     sample of ``spec(x, W)`` (without bias) for ``W ~ fn``, drawn independently per example,
-    or a :class:`~pyro_dropout.handlers.lrt_rules.GaussianPreactivation` (mean, variance).
+    or a :class:`~pyro_dropout.handlers.lrt_rules.GaussianPreactivation` (mean and variance,
+    or mean and standard deviation).
     Dispatch follows the class hierarchy, like :func:`torch.distributions.kl.register_kl`.
     An ``"lrt"`` rule that is exact jointly over a convolution's positions may set the attribute
     ``exact_for_conv = True``; ``estimator="auto"`` then uses it for convolutions too (as for

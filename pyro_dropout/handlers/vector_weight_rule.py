@@ -26,7 +26,7 @@ def _lrt_vector_weight(fn, x, spec):
         rule = lookup_rule(layer, "lrt") or lookup_rule(layer, "per_example")
         out = rule(layer, x, _ONE_OUTPUT)
     if isinstance(out, GaussianPreactivation):
-        return GaussianPreactivation(out.mean.squeeze(-1), out.var.squeeze(-1))
+        return GaussianPreactivation(*(None if t is None else t.squeeze(-1) for t in out))
     return out.squeeze(-1)
 
 

@@ -339,7 +339,7 @@ def test_a_captured_kl_treats_a_prior_mean_that_is_an_input_as_data():
 @pytest.mark.parametrize("build", ["init", "from_mean"])
 def test_a_family_built_from_the_logit_is_the_family_of_its_rate(shape, per_unit, build):
     """dropout_logit=l is dropout_rate=sigmoid(l): the same relaxed and hard draws, density,
-    KL (the entropy as p l - softplus(l) instead of two xlogy) and gradients in l, and it is
+    KL (the entropy as -BCE(l, p) = p l - softplus(l) instead of two xlogy) and gradients in l, and it is
     kept by expand."""
     seeded(2)
     loc = torch.randn(shape, dtype=torch.float64, requires_grad=True)

@@ -180,3 +180,44 @@ def test_a_product_does_not_move_past_a_write_to_its_input():
     _, c = capture(fn, (x, w, s))
     torch.testing.assert_close(c(x, w, s), fn(x, w, s))
     torch.testing.assert_close(_grads(c, (x, w, s)), _grads(fn, (x, w, s)))
+
+
+def test_full_sums_of_squares_are_one_mse_loss_with_the_same_values_and_gradients():
+    """``Σ (a − b)²`` and ``Σ a²`` (``pow(·, 2)`` or ``a * a``, also summed in two steps)
+    become one ``mse_loss`` each; a square something else reads stays, and a difference of two
+    shapes (a broadcast) is formed first, then its squares summed."""
+    torch.manual_seed(0)
+    inputs = (
+        torch.randn(6, 1, requires_grad=True),  # f
+        torch.randn(6),  # y
+        torch.randn(3, 2, requires_grad=True),  # w
+        torch.randn(4, requires_grad=True),  # b
+        torch.randn(2, 5, requires_grad=True),  # v
+    )
+
+    def fn(f, y, w, b, v):
+        shared = v**2  # also read by the tanh: stays
+        data = ((y.unsqueeze(-1) - f) ** 2).sum()  # the Gaussian data term
+        broadcast = ((y - f) ** 2).sum()  # (6,) − (6, 1): a broadcast, not fused
+        rows = (w * w).sum(-1).sum()  # a partial sum first
+        return (
+            data
+            + 0.5 * (w**2).sum()
+            + (b * b).sum()
+            + shared.sum()
+            + shared.tanh().sum()
+            + broadcast
+            + rows
+        )
+
+    _, c = capture(fn, inputs)
+    mse = [n for n in c.graph.nodes if n.target is torch.ops.aten.mse_loss.default]
+    assert len(mse) == 5, c.module.code  # data, w², b², the broadcast's, the rows'
+    code = c.module.code
+    assert "tanh" in code and "pow" in code and code.count("sub(") == 1, code
+    torch.testing.assert_close(c(*inputs), fn(*inputs))
+    for a, b in zip(_grads(c, inputs), _grads(fn, inputs), strict=True):
+        torch.testing.assert_close(a, b)
+    assert not [n for n in c.graph.nodes if n.target in (torch.Tensor.add, torch.add)], (
+        c.module.code  # the loss's constant rides in the stacked product
+    )

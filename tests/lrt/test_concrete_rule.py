@@ -155,8 +155,8 @@ def test_rule_of_a_family_built_from_its_mean_weight_used_as_x_at_w(relaxed):
             q = ConcreteMaskedNormal(mean / (1 - rate), 0.1, rate, relaxed=relaxed)
         torch.manual_seed(1)
         r = _lrt_concrete_masked_normal(q, x, LinearSpec(transposed=True))
-        loss = (r.mean**2).sum() + r.var.sum()
-        outs.append((r.mean, r.var, torch.autograd.grad(loss, [mean, rate])))
+        loss = (r.mean**2).sum() + r.variance().sum()
+        outs.append((r.mean, r.variance(), torch.autograd.grad(loss, [mean, rate])))
     (m_a, v_a, g_a), (m_b, v_b, g_b) = outs
     torch.testing.assert_close(m_a, m_b)
     torch.testing.assert_close(v_a, v_b)
