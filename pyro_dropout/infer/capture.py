@@ -773,9 +773,12 @@ def _fuse_squared_sums(graph, root):
         a, b = squared
         with graph.inserting_before(node):
             if b is None:
-                name = f"zeros_{node.name}"
+                # A 0-d zero: the operator broadcasts it (only ``F.mse_loss``'s Python wrapper
+                # warns on unequal shapes), so no buffer the size of the weight is kept.
                 dtype, device = a.meta["like"]
-                setattr(root, name, torch.zeros(a.meta["shape"], dtype=dtype, device=device))
+                name = f"zero_{str(dtype).split('.')[-1]}_{device.type}{device.index or ''}"
+                if not hasattr(root, name):
+                    setattr(root, name, torch.zeros((), dtype=dtype, device=device))
                 b = graph.get_attr(name)
             fused = graph.call_function(_MSE_LOSS, (a, b, _REDUCTION_SUM))
         _meta(fused, node)

@@ -213,6 +213,8 @@ def test_full_sums_of_squares_are_one_mse_loss_with_the_same_values_and_gradient
     _, c = capture(fn, inputs)
     mse = [n for n in c.graph.nodes if n.target is torch.ops.aten.mse_loss.default]
     assert len(mse) == 5, c.module.code  # data, w², b², the broadcast's, the rows'
+    zeros = {n.args[1].target for n in mse if n.args[1].op == "get_attr"}
+    assert zeros and all(getattr(c.module, z).dim() == 0 for z in zeros)  # no weight-sized 0s
     code = c.module.code
     assert "tanh" in code and "pow" in code and code.count("sub(") == 1, code
     torch.testing.assert_close(c(*inputs), fn(*inputs))
