@@ -180,17 +180,18 @@ def _concrete_mask_and_weight(fn, rates, shape):
     return mask / keep, fn.mean_weight
 
 
-def _concrete_rates(fn, spec):
+def _concrete_rates(fn, spec, x):
     """``(p, logit p or None, 1 - p)`` on the family's compact rates without their output dim.
     ``1 - p`` is computed as the KL computes it (on the compact rates, then the dim selected),
     so that a compiled loss computes it once; the logit is the family's own where it was built
     from one (:class:`~pyro_dropout.AutoConcreteDropout`'s), saving a ``logit`` per layer."""
     rate, logit = fn._compact_rate, fn._compact_logit
     keep = 1 - rate
-    if isinstance(spec, LinearSpec) and not spec.transposed and rate.dim() == 2:
-        # A Linear weight without batch dims: the rates' size-1 output dim stands where the
-        # rows' last batch dim does and broadcasts against it as it is (three views a layer
-        # and step fewer).
+    if isinstance(spec, LinearSpec) and not spec.transposed and rate.dim() == 2 and x.dim() > 1:
+        # A Linear weight without batch dims on rows of inputs: the rates' size-1 output dim
+        # stands where the rows' last dim does and broadcasts against it as it is (three views
+        # a layer and step fewer). (A single input vector keeps the selected rates: its output
+        # must stay a vector.)
         return rate, logit, keep
     dim = -fn.event_dim
     return (
@@ -207,7 +208,7 @@ def _lrt_concrete_masked_normal(fn, x, spec):
     # the arithmetic runs on the rates without their broadcast dims.
     full = fn.dropout_rate.shape
     rate_shape = full[: len(full) - fn.event_dim] + full[len(full) - fn.event_dim + 1 :]
-    rates = _concrete_rates(fn, spec)
+    rates = _concrete_rates(fn, spec, x)
     rate, logit, keep = rates
     if isinstance(spec, LinearSpec) and spec.transposed:
         # Weight stored (in, out), used as x @ W: the mask zeroes output columns (see the

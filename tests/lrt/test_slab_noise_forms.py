@@ -85,3 +85,28 @@ def test_the_sd_form_is_taken_on_small_inputs_and_the_variance_form_on_large_one
         pre = lrt_rules._with_slab_noise(torch.zeros(rows, 3), x, scale, spec)
         assert (pre.sd is None) == (form == "var") and (pre.var is None) == (form == "sd")
         torch.testing.assert_close(pre.variance(), 0.04 * (x * x).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("rates", ["layer", "unit"])
+@pytest.mark.parametrize("family", ["dropout", "concrete", "concrete_from_mean"])
+def test_a_single_input_vector_gives_an_output_vector(family, rates):
+    """A Linear layer applied to one input vector ``(in,)`` under local reparameterisation
+    returns ``(out,)``, as without it (the rules broadcast the rates against the rows)."""
+    import pyro.distributions as dist
+
+    g = torch.Generator().manual_seed(5)
+    loc = torch.randn(3, 5, generator=g)
+    rate = torch.full((1, 1), 0.3) if rates == "layer" else torch.linspace(0.1, 0.5, 5)[None]
+    if family == "dropout":
+        qw = BernoulliMaskedNormal(loc, torch.tensor(0.1), rate, event_dim=2)
+    elif family == "concrete":
+        qw = ConcreteMaskedNormal(loc, 0.1, rate, event_dim=2)
+    else:
+        qw = ConcreteMaskedNormal.from_mean(loc, 0.1, rate, event_dim=2)
+    dists = {"weight": qw, "bias": dist.Normal(torch.zeros(3), torch.full((3,), 0.3)).to_event(1)}
+    layer = BayesianLinear(5, 3)
+    for x in (torch.randn(5, generator=g), torch.randn(4, 5, generator=g)):
+        with local_reparameterization():
+            tr = poutine.trace(guide_from(dists)).get_trace(x)
+            out = poutine.replay(layer, trace=tr)(x)
+        assert out.shape == x.shape[:-1] + (3,)
