@@ -78,7 +78,12 @@ from ..nn.functional import (
     unexpand,
 )
 from ..nn.guided_value import GuidedValue, SiteRecord, laid_out, plain, wrap
-from .lrt_rules import GaussianPreactivation, _per_example_shape, sample_gaussian_preactivation
+from .lrt_rules import (
+    VARIANCE_FLOOR,
+    GaussianPreactivation,
+    _per_example_shape,
+    sample_gaussian_preactivation,
+)
 from .registry import ESTIMATORS as RULE_ESTIMATORS
 from .registry import lookup_rule, register_local_reparameterization
 
@@ -368,12 +373,14 @@ class LocalReparameterizationMessenger(Messenger):
                 if bias_scale.numel() == 1:
                     # One bias scale for all units (AutoDropout's fixed σ): added as a scalar
                     # so the variance keeps its (…, 1) shape and the floor and square root
-                    # below run per example, not per unit. (σ_b > 0, a Normal's scale: so
-                    # hypot's gradient is finite.)
+                    # below run per example, not per unit. In the SD form the floor is on σ_b
+                    # (sqrt of the variance floor): hypot's gradient at (0, 0) is NaN, and a
+                    # learned σ_b can round to 0 (a constant one is folded by the capture).
                     if sd is None:
                         var = var + bias_scale.reshape(()) ** 2
                     else:
-                        sd = torch.hypot(sd, bias_scale.reshape(()))
+                        floor = VARIANCE_FLOOR**0.5
+                        sd = torch.hypot(sd, bias_scale.reshape(()).clamp_min(floor))
                 else:
                     var, sd = add_bias(out.variance(), bias_base.scale**2, spec), None
             elif bias is not None:

@@ -28,6 +28,7 @@ exact jointly over the tokens and marked ``exact_for_tokens``; Flipout and one w
 example likewise.
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -93,7 +94,8 @@ def _with_slab_noise(mean, x, scale, spec):
     sum, scaling, bias variance, floor and square root take six (20 us less a layer at the
     speed benchmark's W1, measured 2026-11-29; on a 128 × 784 input the norm's kernels cost
     20 us more than the operations save, so larger inputs keep the variance). No floor is
-    needed: ``‖x‖``'s gradient at ``x = 0`` is 0 (torch's norm backward), and σ_b > 0."""
+    needed here: ``‖x‖``'s gradient at ``x = 0`` is 0 (torch's norm backward); the messenger
+    floors σ_b."""
     if is_uniform(scale) and isinstance(spec, LinearSpec) and not spec.vector:
         s = scale.reshape(-1)[0]
         if x.numel() <= NORM_FORM_MAX:
@@ -238,7 +240,7 @@ def _lrt_concrete_masked_normal(fn, x, spec):
         fn.mean_weight is not None
         and rate.shape[unit_dim] == 1
         and isinstance(spec, LinearSpec)
-        and x.numel() // x.shape[-1] * (x.shape[-1] - 2 * fn.mean_weight.shape[-2]) > 16384
+        and math.prod(x.shape[:-1]) * (x.shape[-1] - 2 * fn.mean_weight.shape[-2]) > 16384
     ):
         # One rate for all input units (one per layer): (x ⊙ z / (1 - p)) W = ((x ⊙ z) W) /
         # (1 - p), so the factor may scale the output rather than the mask. Where the mask is

@@ -26,6 +26,8 @@ def _params(family, bias):
     b_loc = torch.randn(3, generator=g, dtype=torch.float64).requires_grad_()
     if bias == "scalar":  # one scale for all units, as AutoDropout's: the hypot branch
         b_scale = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    elif bias == "zero":  # a learned scalar σ_b rounded to 0: hypot(0, 0) must not give NaN
+        b_scale = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
     else:  # one per unit: the variance is formed from the SD
         b_scale = torch.tensor([0.1, 0.2, 0.4], dtype=torch.float64, requires_grad=True)
     return loc, scale, b_loc, b_scale
@@ -42,7 +44,7 @@ def _dists(family, bias, params):
     if bias != "none":
         import pyro.distributions as dist
 
-        dists["bias"] = dist.Normal(b_loc, b_scale.expand(3)).to_event(1)
+        dists["bias"] = dist.Normal(b_loc, b_scale.expand(3), validate_args=False).to_event(1)
     return dists
 
 
@@ -59,7 +61,7 @@ def _run(family, bias, x, seed):
 
 
 @pytest.mark.parametrize("family", ["dropout", "concrete"])
-@pytest.mark.parametrize("bias", ["scalar", "per_unit", "none"])
+@pytest.mark.parametrize("bias", ["scalar", "zero", "per_unit", "none"])
 def test_the_sd_and_the_variance_forms_draw_the_same_preactivations(monkeypatch, family, bias):
     x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     x[2] = 0.0  # an all-zero row: ‖x‖ = 0
