@@ -45,14 +45,23 @@ class _Eager(Exception):
 def _signature(value):
     """Hashable description of one argument: tensors by shape, dtype and device (a trace
     bakes shapes into the graph), other values by themselves."""
-    if torch.is_tensor(value):
-        return ("tensor", tuple(value.shape), value.dtype, value.device.type, value.device.index)
+    if isinstance(value, torch.Tensor):
+        # (torch.Size and torch.device hash and compare by value; no tuple of either is an
+        # argument's own value)
+        return (value.shape, value.dtype, value.device)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(
         f"JitMeanFieldELBO: cannot compile for an argument of type {type(value).__name__}; "
         "pass tensors, numbers, strings or None (or use MeanFieldELBO)"
     )
+
+
+def _jit_key(obj, default):
+    """``obj.jit_key`` (what a compiled loss depends on), ``default`` where its class has none.
+    Looked up on the class first: on a guide (a ``PyroModule``) a missing attribute goes through
+    ``PyroModule.__getattr__`` and an ``AttributeError``, microseconds paid at every step."""
+    return obj.jit_key if hasattr(type(obj), "jit_key") else default
 
 
 def _cuda_devices(args, kwargs):
@@ -121,7 +130,10 @@ class JitMeanFieldELBO(MeanFieldELBO):
         self._compiled: dict = {}  # key -> [compiled function, number of calls]
 
     # -- compilation ------------------------------------------------------------------------
-    def _key(self, model, guide, args, kwargs, terms):
+    def _key(self, model, guide, args, kwargs, terms, inner=()):
+        """The graph's key for a call under the active Pyro handlers and then those whose
+        keys are ``inner`` (as if entered: :class:`~pyro_dropout.infer.CompiledSVI` asks for
+        the graph ``SVI.step`` would call, under its trace, without entering one)."""
         return (
             terms,
             torch.is_grad_enabled(),  # a trace under no_grad records no gradient graph
@@ -129,9 +141,9 @@ class JitMeanFieldELBO(MeanFieldELBO):
             id(guide),
             tuple(_signature(a) for a in args),
             tuple(sorted((k, _signature(v)) for k, v in kwargs.items())),
-            tuple(getattr(m, "jit_key", type(m)) for m in _PYRO_STACK),
+            tuple(_jit_key(m, type(m)) for m in _PYRO_STACK) + inner,
             # e.g. AutoConcreteDropout: relaxed masks in training, hard ones under no_grad
-            getattr(guide, "jit_key", None),
+            _jit_key(guide, None),
         )
 
     def _trace(self, model, guide, terms):
@@ -219,15 +231,17 @@ class JitMeanFieldELBO(MeanFieldELBO):
         guide: Callable[..., Any],
         args: tuple,
         kwargs: dict[str, Any],
+        inner: tuple = (),
     ) -> tuple[Callable[..., Any], list[str]] | None:
         """``(graph, param_names)`` of this call's compiled loss where its signature has been
         captured and checked (its graph takes the unconstrained values of ``param_names``, then
         ``args``), else ``None`` (not compiled yet, eager, or a signature it cannot compile).
-        For :class:`~pyro_dropout.infer.CompiledSVI`, which calls the graph itself."""
+        ``inner``: the keys of handlers the call would run under inside the active ones. For
+        :class:`~pyro_dropout.infer.CompiledSVI`, which calls the graph itself."""
         if self.eager_reason is not None:
             return None
         try:
-            key = self._key(model, guide, args, kwargs, False)
+            key = self._key(model, guide, args, kwargs, False, inner)
         except TypeError:
             return None
         entry = self._compiled.get(key)

@@ -19,6 +19,7 @@ from typing import Any
 import pyro
 from pyro.infer import ELBO, SVI
 from pyro.optim import PyroOptim
+from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.util import warn_if_nan
 
 from .compiled import JitMeanFieldELBO
@@ -64,9 +65,11 @@ class CompiledSVI(SVI):
     def step(self, *args: Any, **kwargs: Any) -> float:
         if self.compiled_elbo is None:
             return super().step(*args, **kwargs)
-        # The key of the graph includes the handlers active at the call: those of SVI.step.
-        with pyro.poutine.trace(param_only=True):
-            ready = self.compiled_elbo.checked_graph(self.model, self.guide, args, kwargs)
+        # The key of the graph includes the handlers active at the call: those of SVI.step,
+        # which enters a trace (keyed by its type) around the loss; not entered here.
+        ready = self.compiled_elbo.checked_graph(
+            self.model, self.guide, args, kwargs, inner=(TraceMessenger,)
+        )
         if ready is None:
             return super().step(*args, **kwargs)
         graph, names = ready
@@ -77,5 +80,6 @@ class CompiledSVI(SVI):
         self.optim(params)
         self.optim.clear_grads(params)
         loss = loss.item()
-        warn_if_nan(loss, "loss")
+        if loss != loss:  # (warn_if_nan's frame lookup only where it warns)
+            warn_if_nan(loss, "loss")
         return loss

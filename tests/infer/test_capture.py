@@ -211,15 +211,49 @@ def test_full_sums_of_squares_are_one_mse_loss_with_the_same_values_and_gradient
         )
 
     _, c = capture(fn, inputs)
+    v_ = next(n for n in c.graph.nodes if n.op == "placeholder" and n.name == "input4")
     mse = [n for n in c.graph.nodes if n.target is torch.ops.aten.mse_loss.default]
     assert len(mse) == 5, c.module.code  # data, w², b², the broadcast's, the rows'
     zeros = {n.args[1].target for n in mse if n.args[1].op == "get_attr"}
     assert zeros and all(getattr(c.module, z).dim() == 0 for z in zeros)  # no weight-sized 0s
     code = c.module.code
-    assert "tanh" in code and "pow" in code and code.count("sub(") == 1, code
+    assert "tanh" in code and code.count("sub(") == 1, code
+    assert [n.args for n in c.graph.nodes if n.target is torch.Tensor.mul] == [(v_, v_)], code
     torch.testing.assert_close(c(*inputs), fn(*inputs))
     for a, b in zip(_grads(c, inputs), _grads(fn, inputs), strict=True):
         torch.testing.assert_close(a, b)
     assert not [n for n in c.graph.nodes if n.target in (torch.Tensor.add, torch.add)], (
         c.module.code  # the loss's constant rides in the stacked product
     )
+
+
+def test_squares_are_products_with_the_same_values_and_gradients_to_the_bit():
+    """``pow(a, 2)`` (``a ** 2``, ``a.pow(2.0)``, ``torch.pow``) replays as ``a * a``: one
+    kernel less in its backward, the same values to the bit; the same gradients (to the bit
+    where the square is the input's only reader: ``g·a + g·a`` is ``g·(2a)``; elsewhere up to
+    the order in which autograd adds the contributions); other powers stay."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(50, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True))
+
+    def fn(r, m):
+        sd = F.softplus(r)
+        var = sd**2  # read twice: not a full sum of squares
+        return (
+            var.log().sum()
+            + (var * m).sum()
+            + torch.pow(m, 2).tanh().sum()
+            + m.pow(2.0).exp().sum()
+            + m.pow(3).sum()
+        )
+
+    _, c = capture(fn, inputs)
+    targets = [n.target for n in c.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.Tensor.mul) == 4, c.module.code  # three squares, var * m
+    pows = [n for n in c.graph.nodes if n.op == "call_function" and "pow" in str(n.target)]
+    assert [n.args[1] for n in pows] == [3], c.module.code
+    # the graph's constants are plain attributes (no nn.Module __getattr__ at each replay)
+    assert not list(c.module.buffers())
+    torch.testing.assert_close(c(*inputs), fn(*inputs), rtol=0, atol=0)
+    (gr, gm), (er, em) = _grads(c, inputs), _grads(fn, inputs)
+    torch.testing.assert_close(gr, er, rtol=0, atol=0)  # r reaches the loss through sd² only
+    torch.testing.assert_close(gm, em)
