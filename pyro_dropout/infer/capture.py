@@ -809,6 +809,8 @@ def _square_as_product(graph):
             and isinstance(args[0], fx.Node)
             and type(args[1]) in (int, float)
             and args[1] == 2
+            # (an integer tensor to the power 2.0 is a float tensor; times itself, an integer)
+            and args[0].meta.get("like") == node.meta.get("like") is not None
         ):
             node.target = node.meta["func"] = torch.Tensor.mul
             node.args = (args[0], args[0])

@@ -233,24 +233,27 @@ def test_squares_are_products_with_the_same_values_and_gradients_to_the_bit():
     where the square is the input's only reader: ``g·a + g·a`` is ``g·(2a)``; elsewhere up to
     the order in which autograd adds the contributions); other powers stay."""
     torch.manual_seed(0)
+    counts = torch.arange(6)  # an integer tensor (made inside: not folded into a constant)
     inputs = (torch.randn(50, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True))
 
     def fn(r, m):
         sd = F.softplus(r)
         var = sd**2  # read twice: not a full sum of squares
+        k = (r[:6, 0] > 0).long() + counts  # ** 2.0 makes it float: stays a power
         return (
             var.log().sum()
             + (var * m).sum()
             + torch.pow(m, 2).tanh().sum()
             + m.pow(2.0).exp().sum()
             + m.pow(3).sum()
+            + (k**2.0).sum()
         )
 
     _, c = capture(fn, inputs)
     targets = [n.target for n in c.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.Tensor.mul) == 4, c.module.code  # three squares, var * m
     pows = [n for n in c.graph.nodes if n.op == "call_function" and "pow" in str(n.target)]
-    assert [n.args[1] for n in pows] == [3], c.module.code
+    assert sorted(n.args[1] for n in pows) == [2.0, 3], c.module.code
     # the graph's constants are plain attributes (no nn.Module __getattr__ at each replay)
     assert not list(c.module.buffers())
     torch.testing.assert_close(c(*inputs), fn(*inputs), rtol=0, atol=0)
