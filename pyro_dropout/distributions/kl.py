@@ -203,8 +203,18 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
         centred = q.mean_weight if zero_prior_mean else q.mean_weight - keep * loc0
         # on / (2 s0² (1 - p)) + fixed as one addcdiv (a division, product and sum take three)
         if is_uniform(scale0):  # one prior scale: divide the sums, not every weight
+            divisor = keep * (2 * scale0.reshape(-1)[0] ** 2)
+            if divisor.numel() == 1 and len(full) == event_dim and centred.shape == full:
+                # One rate for the layer, no batch dims: every group's on-term has the same
+                # divisor, so they are one full sum of squares (one mse_loss in a captured
+                # loss) over one division, where a sum per group, a division per group and
+                # a sum of the groups pass over the weight twice more each way.
+                on = (centred * centred).sum() / divisor
+                group_shape = (1, full[1]) + (1,) * (event_dim - 2)
+                kl = _sum_as_expanded(fixed, group_shape, [-event_dim + 1]) + on
+                return _squeeze_event(kl, event_dim, torch.Size())
             on = _sum_as_expanded(centred**2, full, group_dims)
-            per_group = torch.addcdiv(fixed, on, keep * (2 * scale0.reshape(-1)[0] ** 2))
+            per_group = torch.addcdiv(fixed, on, divisor)
         else:
             on = _sum_as_expanded((centred / scale0) ** 2, full, group_dims)
             per_group = torch.addcdiv(fixed, on, keep, value=0.5)
