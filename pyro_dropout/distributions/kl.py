@@ -193,6 +193,7 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
     zero_prior_mean = known_zero(loc0)
     if not zero_prior_mean:
         fixed = fixed + rate * _sum_as_expanded(0.5 * (loc0 / scale0) ** 2, full, group_dims)
+    shared_on = None  # an on-term common to all groups, added after their sum
     if q.mean_weight is None:
         on = _sum_as_expanded(0.5 * ((q.loc - loc0) / scale0) ** 2, full, group_dims)
         per_group = keep * on + fixed
@@ -209,18 +210,18 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
                 # divisor, so they are one full sum of squares (one mse_loss in a captured
                 # loss) over one division, where a sum per group, a division per group and
                 # a sum of the groups pass over the weight twice more each way.
-                on = (centred * centred).sum() / divisor
-                group_shape = (1, full[1]) + (1,) * (event_dim - 2)
-                kl = _sum_as_expanded(fixed, group_shape, [-event_dim + 1]) + on
-                return _squeeze_event(kl, event_dim, torch.Size())
-            on = _sum_as_expanded(centred**2, full, group_dims)
-            per_group = torch.addcdiv(fixed, on, divisor)
+                per_group, shared_on = fixed, (centred * centred).sum() / divisor
+            else:
+                on = _sum_as_expanded(centred**2, full, group_dims)
+                per_group = torch.addcdiv(fixed, on, divisor)
         else:
             on = _sum_as_expanded((centred / scale0) ** 2, full, group_dims)
             per_group = torch.addcdiv(fixed, on, keep, value=0.5)
     batch_shape = full[: len(full) - event_dim]
     group_shape = batch_shape + (1, full[len(full) - event_dim + 1]) + (1,) * (event_dim - 2)
     kl = _sum_as_expanded(per_group, group_shape, [-event_dim + 1])
+    if shared_on is not None:
+        kl = kl + shared_on
     return _squeeze_event(kl, event_dim, batch_shape)
 
 
