@@ -31,6 +31,7 @@ meaningless.
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import platform
@@ -81,11 +82,12 @@ DROPOUT_GUIDES = ("AutoDropout", "AutoConcreteDropout")
 PER_EXAMPLE_SUFFIX = " (per-example pre-activations)"
 PLAIN = "plain nn.Dropout step"
 USER_BASELINE = "user SVI loop: AutoNormal, no LRT"
+PLAIN_GRAPH = "plain nn.Dropout step, one CUDA graph"
 
 
 def target(kind, guide, workload):
     """The issue's target ratio for a row (None: no target)."""
-    if kind in ("fit", "tutorial"):
+    if kind in ("fit", "tutorial", "graph"):
         if workload == "W1":
             return 1.5
         return 1.1 if guide in DROPOUT_GUIDES else 2.0
@@ -137,6 +139,31 @@ def _plain_step_fn(w, x, y):
         opt.step()
 
     return step, net, loss_fn
+
+
+def _plain_graph_step_fn(w, x, y):
+    """The plain step recorded as one CUDA graph (torch's "whole-network capture" recipe:
+    warm-up on a side stream, ``Adam(capturable=True)``, gradients set to ``None`` before
+    recording), replayed on a fixed minibatch."""
+    step, net, loss_fn = _plain_step_fn(w, x, y)
+    opt = torch.optim.Adam(net.parameters(), 1e-3, capturable=True)
+
+    def body():
+        loss_fn().backward()
+        opt.step()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay
 
 
 class TutorialBNN(PyroModule):
@@ -208,7 +235,7 @@ class _Step:
             self.svi.step(*self.args, **self.kwargs)
 
 
-def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False):
+def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False, cuda_graph=False):
     """``fit``'s step: its ELBO (compiled with ``jit="auto"``, eager with ``jit=False``), fused
     Adam, LRT, minibatch scale."""
     model = TutorialBNN(w["sizes"], w["task"]) if tutorial else _bayesian_mlp(w)
@@ -226,7 +253,8 @@ def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False):
             yield
 
     optim = fused_adam({"lr": 1e-3})
-    return _Step(model, guide, elbo, optim, (xb, yb), kwargs, context, svi=CompiledSVI)
+    svi = functools.partial(CompiledSVI, cuda_graph=cuda_graph)
+    return _Step(model, guide, elbo, optim, (xb, yb), kwargs, context, svi=svi)
 
 
 def _user_loop_step(w, guide_name, x, y):
@@ -275,6 +303,11 @@ def _methods(w, x, y, pred_points, pred_samples):
             step = _fit_step(w, name, x, y, jit=jit, tutorial=tutorial)
             steps[(kind, name)] = step
             methods[f"{kind}: {name}"] = (step, kind, name)
+    if x.is_cuda:  # the steps recorded as CUDA graphs, and the plain one likewise
+        methods[PLAIN_GRAPH] = (_plain_graph_step_fn(w, x, y), "baseline", None)
+        for name in GUIDES:
+            step = _fit_step(w, name, x, y, cuda_graph=True)
+            methods[f"graph: {name}"] = (step, "graph", name)
     for name in list(GUIDES) + ["AutoNormal"]:
         step = _user_loop_step(w, name, x, y)
         label = USER_BASELINE if name == "AutoNormal" else f"user SVI loop: {name} + LRT"
@@ -295,12 +328,16 @@ def _methods(w, x, y, pred_points, pred_samples):
 def _ratios(med):
     ratios = {}
     for label, m in med.items():
-        if label.startswith(("fit: ", "eager: ", "tutorial: ")):
+        if label.startswith(("fit: ", "eager: ", "tutorial: ", "graph: ")):
             kind, name = label.split(": ")
             ratios[f"{kind}/{name}"] = m / med[PLAIN]
+            if kind == "graph":
+                ratios[f"graph-vs-plain-graph/{name}"] = m / med[PLAIN_GRAPH]
         elif label.startswith("user SVI loop: Auto") and label != USER_BASELINE:
             name = label.split(": ")[1].split(" ")[0]
             ratios[f"user-loop/{name}"] = m / med[USER_BASELINE]
+    if PLAIN_GRAPH in med:
+        ratios["plain-graph"] = med[PLAIN_GRAPH] / med[PLAIN]
     ratios["predict"] = med["predict (AutoDropout)"] / med["plain dropout predict loop"]
     ratios["predict" + PER_EXAMPLE_SUFFIX] = (
         med[f"predict (AutoDropout){PER_EXAMPLE_SUFFIX}"] / med["plain dropout predict loop"]
@@ -374,8 +411,8 @@ def _run(quick, rounds, seed, profile, device):
         x, y = _data(w, seed)
         methods, steps, plain = _methods(w, x, y, pred_points, pred_samples)
         times = {k: [] for k in methods}
-        for fn, *_ in methods.values():  # warm-up (and the compiled steps' traces)
-            _timeit(fn, 3)
+        for fn, kind, _ in methods.values():  # warm-up (the compiled steps' traces, and the
+            _timeit(fn, 8 if kind == "graph" else 3)  # CUDA graphs' warm-up and recording)
         heavy = wname == "W2" and not quick  # a W2 predict call takes seconds
         for _ in range(rounds):  # interleaved rounds
             for k, (fn, *_) in methods.items():
@@ -425,12 +462,19 @@ def markdown(report):
         "tutorial": "tutorial PyroModule BNN, fit's step, {g} + LRT",
         "user-loop": "user's SVI loop, {g} + LRT vs AutoNormal without LRT",
     }
+    if "graph/AutoDropout" in res["W1"]["ratios"]:
+        labels["graph"] = "fit's step with cuda_graph=True, {g} + LRT"
+        labels["graph-vs-plain-graph"] = "the same against the plain step as one CUDA graph, {g}"
     for kind, text in labels.items():
         for g in GUIDES:
             row = [text.format(g=g)]
             for w in ("W1", "W2"):
                 row.append(_cell(res[w]["ratios"][f"{kind}/{g}"], target(kind, g, w)))
             lines.append("| " + " | ".join(row) + " |")
+    if "plain-graph" in res["W1"]["ratios"]:
+        row = ["plain step as one CUDA graph vs plain step"]
+        row += [_cell(res[w]["ratios"]["plain-graph"], None) for w in ("W1", "W2")]
+        lines.append("| " + " | ".join(row) + " |")
     for key, text in (("predict", "predict, T=100, weight draws (default)"),
                       ("predict" + PER_EXAMPLE_SUFFIX, "predict, T=100, per-example pre-activations")):  # fmt: skip
         kind = "predict" if key == "predict" else None  # the target is the default's

@@ -1,26 +1,47 @@
-#!/bin/bash
-# One prepared call on a GPU machine (the device tool): the CUDA tests, the UCI projection of
-# one large dataset with the batched members on the GPU, and the speed benchmark there.
-# Expects: the wheels of pyro-ppl/pyro-api/arviz 1.x in .whl, the UCI data in .gpu_data/uci,
-# PYRO_DROPOUT_COMMIT set to the commit copied, $OUT for what comes back.
+#!/usr/bin/env bash
+# The GPU checks of one device session, as one script (run in the repository root on a machine
+# with a CUDA GPU; writes what it measured under $OUT). Expects, carried beside the tree:
+#   .whl/      wheels of what the machine lacks (pyro-ppl, pyro-api, ArviZ 1.x and its pure-Python
+#              parts), installed into /tmp/site;
+#   .devdata/  a copy of ../shared/data/uci/{yacht,kin8nm} (the shared folder does not travel).
+# Each phase has its own time limit so that a slow one leaves the others their time.
+# DIAG=2 runs tools/gpu/seqtime.py and tools/gpu/interleave.py instead (see docs/benchmarks/speed.md).
 set -u
-t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target .gpu_site .whl/*.whl && export PYTHONPATH=$PWD/.gpu_site:$PWD || exit 1
-mkdir -p ../shared/data && ln -sfn "$PWD/.gpu_data/uci" ../shared/data/uci
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
-python3 -c "import torch, pyro, arviz; print(torch.__version__, pyro.__version__, arviz.__version__)" \
-    >> "$OUT/gpu.txt" 2>&1
-echo "== CUDA tests ($(( $(date +%s) - t0 )) s)"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/cuda 2>&1 | tee "$OUT/cuda_tests.log" | tail -15
-echo "== UCI projection on the GPU ($(( $(date +%s) - t0 )) s)"
-timeout 150 python3 -m benchmarks.uci --data-dir ../shared/data/uci \
-    --out .gpu_uci_est --estimate --device cuda --datasets kin8nm \
-    --guides dropout,meanfield,vd,concrete 2>&1 | tail -8
-cp .gpu_uci_est/projection.json "$OUT/uci_projection_cuda.json" 2>/dev/null
-echo "== speed benchmark on the GPU ($(( $(date +%s) - t0 )) s)"
-timeout 200 python3 -m benchmarks.speed --device cuda --rounds 3 --no-profile \
-    --json "$OUT/speed_cuda.json" > "$OUT/speed_cuda.md" 2>&1
-tail -30 "$OUT/speed_cuda.md"
-echo "== done ($(( $(date +%s) - t0 )) s)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+if [ ! -d ../shared/data/uci ]; then
+    mkdir -p ../shared/data && cp -r .devdata/uci ../shared/data/uci
+fi
+{
+    nvidia-smi -L
+    python3 -c "import sys, torch, pyro, numpy; print(sys.version.split()[0], torch.__version__, torch.version.cuda, pyro.__version__, numpy.__version__)"
+} 2>&1 | tee "$OUT/machine.txt"
+
+if [ "${DIAG:-0}" = 2 ]; then  # the speed methods one by one, then interleaved with labels
+    timeout 120 python3 tools/gpu/seqtime.py "$OUT/speed_cuda_seq" > "$OUT/seqtime.log" 2>&1
+    echo "seqtime rc $?"; tail -45 "$OUT/seqtime.log"
+    for subset in graphs all; do
+        timeout 70 python3 tools/gpu/interleave.py $subset 2>&1 | tee "$OUT/interleave_$subset.log" | grep -vE "^\s" | tail -4
+    done
+    exit 0
+fi
+echo "== tests/cuda"
+timeout "${TESTS_S:-170}" python3 -m pytest -q -p no:cacheprovider tests/cuda -s \
+    2>&1 | tee "$OUT/cuda_tests.log" | grep -E "passed|failed|error|FAIL|graph|last" | tail -30
+
+echo "== probe"; timeout 60 python3 tools/gpu/failed_capture_probe.py 2>&1 | tee "$OUT/probe.log"
+echo "== speed (CUDA)"
+timeout "${SPEED_S:-170}" python3 -m benchmarks.speed --device cuda --no-profile \
+    --rounds "${ROUNDS:-5}" --json "$OUT/speed_cuda.json" --markdown "$OUT/speed_cuda.md" \
+    > "$OUT/speed_cuda.log" 2>&1
+echo "rc $?"; head -40 "$OUT/speed_cuda.md" 2>/dev/null || tail -20 "$OUT/speed_cuda.log"
+
+echo "== batched UCI (kin8nm)"
+timeout "${UCI_S:-90}" python3 -m benchmarks.graph_uci --data-dir ../shared/data/uci \
+    --dataset kin8nm --split-batch 20 --steps 300 --rounds 3 --json "$OUT/graph_uci.json" \
+    > "$OUT/graph_uci.md" 2> "$OUT/graph_uci.log"
+echo "rc $?"; cat "$OUT/graph_uci.md"; tail -5 "$OUT/graph_uci.log"

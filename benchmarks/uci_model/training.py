@@ -53,6 +53,7 @@ def train(
     jit=True,
     fused=True,
     kernels=None,
+    cuda_graph=False,
 ):
     """Fit ``guide`` with ``MeanFieldELBO`` + local reparameterisation + Adam.
 
@@ -73,6 +74,8 @@ def train(
         (the same loss as the traced one given the same noise, from numba kernels): ``None``
         (the default) when ``jit`` and it supports the pair on CPU tensors, ``True`` always
         (``ValueError`` naming why not), ``False`` never.
+    :param cuda_graph: on a GPU, record the compiled step as a CUDA graph (``fit``'s
+        ``cuda_graph``; :mod:`pyro_dropout.infer.cuda_graph`).
     """
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
@@ -92,7 +95,8 @@ def train(
         elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
             max_plate_nesting=model.max_plate_nesting
         )
-        svi = CompiledSVI(model, guide, optim, elbo)  # SVI.step where not compiled and fused
+        # SVI.step where not compiled and fused
+        svi = CompiledSVI(model, guide, optim, elbo, cuda_graph=cuda_graph)
     loss = math.nan
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pyro
+import torch
 from pyro.infer import ELBO, SVI
 from pyro.optim import PyroOptim
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.util import warn_if_nan
 
 from .compiled import JitMeanFieldELBO
+from .cuda_graph import StepGraphs
 from .optim import FusedOptim
 
 __all__ = ["CompiledSVI"]
@@ -54,6 +56,7 @@ class CompiledSVI(SVI):
         guide: Callable[..., Any],
         optim: PyroOptim,
         loss: ELBO,
+        cuda_graph: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, guide, optim, loss, **kwargs)
@@ -61,8 +64,21 @@ class CompiledSVI(SVI):
         #: The compiled ELBO whose checked graphs the steps call (``None``: every step is
         #: ``SVI.step``).
         self.compiled_elbo = loss if fast else None
+        #: The steps' CUDA graphs (``cuda_graph=True``; see :mod:`.cuda_graph`), else ``None``.
+        self.step_graphs = StepGraphs() if cuda_graph else None
+        if self.step_graphs is not None and not fast:
+            self.step_graphs.warn(
+                "the loss is not JitMeanFieldELBO with FusedOptim (fit's default with jit), "
+                "whose compiled graph a CUDA graph records"
+            )
 
     def step(self, *args: Any, **kwargs: Any) -> float:
+        if self.step_graphs is not None:
+            with self.step_graphs.stream(args):
+                return self._step(args, kwargs)
+        return self._step(args, kwargs)
+
+    def _step(self, args: tuple, kwargs: dict[str, Any]) -> float:
         if self.compiled_elbo is None:
             return super().step(*args, **kwargs)
         # The key of the graph includes the handlers active at the call: those of SVI.step,
@@ -75,6 +91,17 @@ class CompiledSVI(SVI):
         graph, names = ready
         store = dict(pyro.get_param_store().named_parameters())  # unconstrained tensors
         params = [store[name] for name in names]
+        if self.step_graphs is not None:
+            blocker = (
+                "keyword tensors are not inputs of the loss graph"
+                if any(torch.is_tensor(v) for v in kwargs.values())
+                else None
+            )
+            out = self.step_graphs.step(graph, params, args, self.optim.flat_for(params), blocker)
+            if out is not None:
+                if out != out:
+                    warn_if_nan(out, "loss")
+                return out
         loss = graph(*params, *args)
         loss.backward()
         self.optim(params)

@@ -41,6 +41,7 @@ def fit(
     local_reparameterization: bool = True,
     estimator: str = "auto",
     jit: bool | Literal["auto"] = "auto",
+    cuda_graph: bool = False,
     validate: Literal["first", "always", "never"] = "first",
     num_particles: int = 1,
     vectorize_particles: bool = False,
@@ -104,6 +105,15 @@ def fit(
         raise; ``False``: eager (Pyro's Python effect handling at every step; use it for a
         model with Python side effects a capture cannot see, or to step through it in a
         debugger).
+    :param bool cuda_graph: on a GPU, record each compiled step (the loss graph, its
+        backward, the flat Adam update) as a CUDA graph after three warm-up steps and replay
+        it: one launch per step instead of one per kernel, for small networks whose steps are
+        bound by kernel launches (see :mod:`~pyro_dropout.infer.cuda_graph` and the CUDA rows
+        of ``docs/benchmarks/speed.md``). Needs ``jit``; the random draws then come from the
+        graph's replays (same distribution, not the same numbers as without it). A step that
+        cannot be graphed (CPU tensors, an optimiser other than the default Adam, an operation
+        that synchronises with the CPU) runs without a graph, with one
+        :class:`~pyro_dropout.infer.CompilationWarning` that says why.
     :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
         globally, as by default): ``"first"`` runs them on the first step of each minibatch
         shape and skips them afterwards (they cost ~20 % of a small network's step and
@@ -163,7 +173,17 @@ def fit(
     model_args, model_kwargs = _model_extras(model, guide, model_args, model_kwargs, x, devices)
     if jit not in (True, False, "auto"):
         raise ValueError(f"jit must be True, False or 'auto', got {jit!r}")
+    if cuda_graph not in (True, False):
+        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+    if cuda_graph and jit is False:
+        raise ValueError(
+            "fit: cuda_graph=True records the compiled step; it needs jit=True or 'auto'"
+        )
     if devices is not None:
+        if cuda_graph:
+            raise ValueError(
+                "fit(devices=...) trains with Lightning, without CUDA graphs: drop cuda_graph"
+            )
         return _fit_on_devices(**locals())
     batches = _batches(model, guide, x, y, batch_size, jit, num_data, model_args, model_kwargs)
     if num_steps is None and batches.steps_per_epoch is None:
@@ -182,7 +202,7 @@ def fit(
         )
         jit = False
     elbo = make_elbo(model, jit, num_particles, vectorize_particles)
-    svi = CompiledSVI(model, guide, optim, elbo)
+    svi = CompiledSVI(model, guide, optim, elbo, cuda_graph=cuda_graph)
     validating = validate != "never" and is_validation_enabled()
     checked_shapes = set()
     losses = []

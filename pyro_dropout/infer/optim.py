@@ -144,6 +144,17 @@ class FusedOptim(PyroOptim):
             for p, grad in hidden:
                 p.grad = grad
 
+    def flat_for(self, params: list[torch.Tensor]) -> FlatAdam | None:
+        """The flat Adam where its next step is exactly a step of ``params`` (every one of its
+        parameters, each with its gradient, no clipping), else ``None``: what a CUDA graph of
+        the whole step may record (:mod:`~pyro_dropout.infer.cuda_graph`)."""
+        flat = self._flat
+        if flat is None or self.pt_clip_args or len(params) != len(flat.params):
+            return None
+        if not self._members.issuperset(params) or not flat.ready():
+            return None
+        return flat
+
     def clear_grads(self, params: list[torch.Tensor]) -> None:
         """After a step of ``params``: their gradients cleared, to ``None`` as
         ``torch.optim.Optimizer.zero_grad`` does, or zeroed in place where the flat Adam

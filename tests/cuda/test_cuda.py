@@ -212,7 +212,7 @@ def test_user_models_and_conv_estimators():
     for make in GUIDES.values():
         guide = make(model)
         fit(model, guide, x, y, num_steps=5, seed=0, progress=False)
-        pred = predict(model, guide, x, num_samples=6)
+        pred = predict(model, guide, x, num_samples=6, vectorize=False)  # (view(N, -1) flattening)
         assert _on_cuda(pred.probs) and pred.probs.shape == (32, 2)
         assert torch.isfinite(pred.log_likelihood(y)).all()
 
@@ -263,3 +263,61 @@ def test_fused_optim_steady_state_is_fused_adam_on_the_device():
         results.append([p.detach().cpu() for p in params])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("guide_name", list(GUIDES))
+def test_cuda_graph_records_once_and_trains_as_the_ungraphed_step(guide_name):
+    """``cuda_graph=True`` on the device: recorded once (no warning), replayed for every
+    later step, the optimiser's step count right, and the losses of the graphed fit those
+    of the ungraphed one in distribution (the draws come from the graph's replays: not the
+    same numbers). ``tests/infer/test_cuda_graph.py`` checks the rest to the bit on a CPU."""
+    import warnings
+
+    from pyro_dropout import local_reparameterization
+    from pyro_dropout.infer import CompilationWarning, CompiledSVI, JitMeanFieldELBO, fused_adam
+
+    if CUDA.type != "cuda":
+        pytest.skip("records a CUDA graph")
+    x, y = _data(n=256, d=4)
+    steps, tail = 600, 200
+    out = {}
+    for graphed in (False, True):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        model = BayesianMLP(4, 1, hidden=(32,), tau=25.0).to(CUDA)
+        guide = GUIDES[guide_name](model)
+        optim = fused_adam({"lr": 1e-2})
+        svi = CompiledSVI(model, guide, optim, JitMeanFieldELBO(), cuda_graph=graphed)
+        losses = []
+        with warnings.catch_warnings(), local_reparameterization():
+            warnings.simplefilter("error", CompilationWarning)
+            for step in range(steps):
+                i = (step % 8) * 32
+                losses.append(svi.step(x[i : i + 32], y[i : i + 32], num_data=256))
+        assert all(math.isfinite(v) for v in losses)
+        state = optim.get_state()["state_dict"]["state"]
+        assert {float(s["step"]) for s in state.values()} == {float(steps)}
+        if graphed:
+            (entry,) = svi.step_graphs._steps.values()
+            assert entry[1].cuda_graph is not None  # recorded, and replayed since
+        out[graphed] = torch.tensor(losses[-tail:], dtype=torch.float64)
+    a, b = out[False], out[True]
+    se = (a.var() / tail + b.var() / tail).sqrt()
+    print(
+        f"{guide_name}: last {tail} losses {a.mean():.2f} vs graphed {b.mean():.2f} (SE {se:.2f})"
+    )
+    assert abs(a.mean() - b.mean()) < 5 * se + 0.02 * a.mean().abs()
+
+
+def test_fit_with_cuda_graph_then_predict():
+    if CUDA.type != "cuda":
+        pytest.skip("records a CUDA graph")
+    x, y = _data()
+    model = BayesianMLP(3, 1, hidden=(16,), tau=25.0).to(CUDA)
+    guide = AutoDropout(model, dropout_rate=0.1)
+    losses = fit(model, guide, x, y, num_epochs=40, batch_size=16, seed=0, progress=False,
+                 cuda_graph=True)  # fmt: skip
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < sum(losses[:10])
+    pred = predict(model, guide, x, num_samples=50, seed=0)
+    assert _on_cuda(pred.mean) and torch.isfinite(pred.mean).all()
