@@ -163,7 +163,15 @@ def _plain_graph_step_fn(w, x, y):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+
+    # The graph reads the network's parameters, the optimiser's state and the minibatch by
+    # address: they must outlive it. (Returning graph.replay alone let them be freed; the
+    # replays then read freed memory, an illegal access on an H200 once it was reused.)
+    replay.keep_alive = (net, opt, loss_fn, graph)
+    return replay
 
 
 class TutorialBNN(PyroModule):

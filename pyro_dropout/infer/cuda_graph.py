@@ -18,24 +18,35 @@ differ from an ungraphed run's but have the same distribution.
 When a step is not graphed (each said once, by a :class:`CompilationWarning`, where the user
 asked for graphs): tensors not on a CUDA device, an optimiser other than the flat Adam (e.g.
 clipping, or after :attr:`~pyro_dropout.infer.FusedOptim.optimizer` was read), or a step
-whose kernels cannot be recorded (an operation that synchronises with the CPU). Such steps
-run as they would without ``cuda_graph``. A graph is re-recorded when its parameters move
+whose kernels cannot be recorded. Such steps run as they would without ``cuda_graph``;
+except where the failed recording broke torch's CUDA random generator (a CUDA call such as a
+synchronisation inside it, measured on torch 2.11): no later draw can run in that process, so
+that is a ``RuntimeError`` saying so. A graph is re-recorded when its parameters move
 (another buffer) or the learning rate changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from ..handlers.lrt_messenger import _user_stacklevel
 from .compile_warning import CompilationWarning
 from .flat_adam import FlatAdam
 
-__all__ = ["GraphedStep", "RecordingError", "StepGraphs", "WARMUP_STEPS", "graph_blocker"]
+__all__ = [
+    "GraphedStep",
+    "RecordingError",
+    "StepGraphs",
+    "WARMUP_STEPS",
+    "generator_usable",
+    "graph_blocker",
+]
 
 #: Steps run eagerly on a side stream before recording (torch's CUDA-graph notes: "warm up
 #: ... a few iterations" so that lazy initialisation, e.g. of cuBLAS workspaces and of
@@ -52,6 +63,21 @@ def graph_blocker(params: Sequence[torch.Tensor], args: Sequence[Any]) -> str | 
     if len(devices) > 1:
         return f"the tensors are on several devices ({sorted(map(str, devices))})"
     return None
+
+
+def generator_usable(device: torch.device) -> bool:
+    """Whether a random operation runs on ``device``. Measured on an H200 (torch 2.11,
+    ``tools/gpu/failed_capture_probe.py``): a recording that a CUDA call breaks (e.g. a
+    synchronisation inside it) leaves the CUDA generator raising "Offset increment outside
+    graph capture encountered unexpectedly" at every later draw, also after
+    ``torch.cuda.manual_seed``; one that a Python exception stops does not."""
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):  # (the fit's own draws stay as they were)
+            torch.rand((), device=device)
+    except RuntimeError:
+        return False
+    return True
 
 
 class RecordingError(RuntimeError):
@@ -207,6 +233,13 @@ class StepGraphs:
             return graphed(args)
         except RecordingError as err:
             self._steps[id(graph)] = (graph, None)
+            if not generator_usable(params[0].device):
+                raise RuntimeError(
+                    f"pyro_dropout: cuda_graph=True: recording the step failed ({err}), and "
+                    "the failed recording left torch's CUDA random generator unusable in this "
+                    "process (its random operations now raise). Run the fit again in a new "
+                    "process with cuda_graph=False."
+                ) from err
             self.warn(f"recording the step failed with {err}")
             return None
 
@@ -219,5 +252,5 @@ class StepGraphs:
             f"pyro_dropout: cuda_graph=True but this step is not a CUDA graph ({reason}); it "
             "runs as without cuda_graph: the same step, one kernel launch per operation.",
             CompilationWarning,
-            stacklevel=4,
+            stacklevel=_user_stacklevel(sys._getframe()),  # the user's fit or SVI.step line
         )

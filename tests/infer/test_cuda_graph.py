@@ -118,6 +118,17 @@ def test_a_failed_recording_warns_once_and_trains_on(monkeypatch):
         assert torch.equal(params[k], ref_params[k]), k
 
 
+def test_a_recording_that_broke_the_generator_is_an_error(monkeypatch):
+    _Stand_in(fail=True).install(monkeypatch)
+    monkeypatch.setattr(cg, "generator_usable", lambda device: False)
+    with pytest.raises(RuntimeError, match="random generator unusable.*cuda_graph=False"):
+        _fit("dropout", True)
+
+
+def test_generator_usable_on_a_working_device():
+    assert cg.generator_usable(torch.device("cpu"))
+
+
 def test_an_optimiser_handed_to_torch_stops_the_graph_with_a_warning(monkeypatch):
     stand_in = _Stand_in().install(monkeypatch)
     pyro.clear_param_store()
