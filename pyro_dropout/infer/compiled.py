@@ -144,6 +144,9 @@ class JitMeanFieldELBO(MeanFieldELBO):
             tuple(_jit_key(m, type(m)) for m in _PYRO_STACK) + inner,
             # e.g. AutoConcreteDropout: relaxed masks in training, hard ones under no_grad
             _jit_key(guide, None),
+            # and in eval mode: also where it sits inside a guide without a jit_key (an
+            # AutoGuideList), whose train()/eval() it follows
+            getattr(guide, "training", None),
         )
 
     def _trace(self, model, guide, terms):

@@ -87,3 +87,31 @@ def test_other_elbo_or_optimiser_is_plain_svi():
 
 # A model that cannot be compiled (eager with one CompilationWarning) through fit, which trains
 # with CompiledSVI: tests/infer/test_compiled_default.py.
+
+
+def test_a_guide_list_around_concrete_dropout_recaptures_in_eval_mode():
+    """AutoConcreteDropout's masks are relaxed in training and hard in eval mode (its
+    ``jit_key``); inside an ``AutoGuideList`` (no ``jit_key``) the compiled loss is keyed by
+    the list's ``training`` flag, which ``eval()`` passes down: a step in eval mode does not
+    replay the relaxed graph."""
+    from pyro.infer.autoguide import AutoGuideList
+
+    from pyro_dropout import AutoConcreteDropout, BayesianMLP, local_reparameterization
+    from pyro_dropout.infer import JitMeanFieldELBO, fused_adam
+
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(32, 3), torch.randn(32)
+    model = BayesianMLP(3, 1, hidden=(8,), tau=10.0)
+    guide = AutoGuideList(model)
+    guide.append(AutoConcreteDropout(model))
+    elbo = JitMeanFieldELBO()
+    svi = CompiledSVI(model, guide, fused_adam({"lr": 1e-2}), elbo)
+    with local_reparameterization():
+        for _ in range(3):
+            svi.step(x, y, num_data=32)
+        assert len(elbo._compiled) == 1
+        guide.eval()
+        assert not guide[0].relaxed
+        svi.step(x, y, num_data=32)
+    assert len(elbo._compiled) == 2  # a second graph, captured with hard masks
