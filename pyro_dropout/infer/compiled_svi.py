@@ -43,6 +43,10 @@ class CompiledSVI(SVI):
     step, and any other ELBO or optimiser, is ``SVI.step`` itself. (Where the optimiser's flat
     Adam steps, the gradients are zeroed in place instead: views of its buffer.)
 
+    ``cuda_graph=True``: on a GPU, each checked step (the graph, backward, the flat Adam
+    update, the gradient reset) is recorded once as a CUDA graph and replayed, and every step
+    runs on one side stream per device (see :mod:`pyro_dropout.infer.cuda_graph`).
+
     Example::
 
         svi = CompiledSVI(model, guide, fused_adam({"lr": 1e-3}), JitMeanFieldELBO())
