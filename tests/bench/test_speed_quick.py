@@ -52,3 +52,25 @@ def test_step_flops_counts_a_matmul_forward_and_backward():
     b = torch.randn(5, 3)
     flops = step_profile.step_flops(lambda: (a @ b).sum().backward())
     assert flops == 2 * 4 * 5 * 3 * 2  # forward, and the gradient with respect to a
+
+
+def test_cuda_graph_rows_ratios_and_table():
+    """The CUDA rows (run only on a GPU): fit's graphed step against the plain step and against
+    the plain step as one CUDA graph, rendered with fit's targets."""
+    med = {speed.PLAIN: 2.0, speed.PLAIN_GRAPH: 0.1, speed.USER_BASELINE: 10.0,
+           "plain dropout predict loop": 20.0, "predict (AutoDropout)": 10.0,
+           "predict (AutoDropout)" + speed.PER_EXAMPLE_SUFFIX: 15.0}  # fmt: skip
+    for g in speed.GUIDES:
+        for kind in ("fit", "eager", "tutorial"):
+            med[f"{kind}: {g}"] = 3.0
+        med[f"graph: {g}"] = 0.5
+        med[f"user SVI loop: {g} + LRT"] = 12.0
+    ratios = speed._ratios(med)
+    assert ratios["graph/AutoDropout"] == 0.25
+    assert ratios["graph-vs-plain-graph/AutoDropout"] == 5.0
+    assert ratios["plain-graph"] == 0.05
+    report = {"results": {w: {"ratios": ratios, "median_seconds": med} for w in ("W1", "W2")}}
+    text = speed.markdown(report)
+    assert "fit's step with cuda_graph=True, AutoConcreteDropout + LRT | 0.25× ✅ (≤ 1.5)" in text
+    assert "the same against the plain step as one CUDA graph, AutoMeanField | 5.00×" in text
+    assert "plain step as one CUDA graph vs plain step | 0.05× | 0.05×" in text
