@@ -110,10 +110,12 @@ def fit(
         it: one launch per step instead of one per kernel, for small networks whose steps are
         bound by kernel launches (see :mod:`~pyro_dropout.infer.cuda_graph` and the CUDA rows
         of ``docs/benchmarks/speed.md``). Needs ``jit``; the random draws then come from the
-        graph's replays (same distribution, not the same numbers as without it). A step that
-        cannot be graphed (CPU tensors, an optimiser other than the default Adam, an operation
-        that synchronises with the CPU) runs without a graph, with one
-        :class:`~pyro_dropout.infer.CompilationWarning` that says why.
+        graph's replays (the same distribution; measured, the same numbers). A step that
+        cannot be graphed (CPU tensors, an optimiser other than the default Adam) runs without
+        a graph, with one :class:`~pyro_dropout.infer.CompilationWarning` that says why; a
+        recording that fails inside CUDA (e.g. an operation that synchronises with the CPU)
+        and breaks torch's CUDA generator is a ``RuntimeError`` that says to use
+        ``cuda_graph=False``.
     :param validate: argument and shape checks (Pyro's and torch's validation, when enabled
         globally, as by default): ``"first"`` runs them on the first step of each minibatch
         shape and skips them afterwards (they cost ~20 % of a small network's step and
