@@ -321,3 +321,36 @@ def test_fit_with_cuda_graph_then_predict():
     assert sum(losses[-10:]) < sum(losses[:10])
     pred = predict(model, guide, x, num_samples=50, seed=0)
     assert _on_cuda(pred.mean) and torch.isfinite(pred.mean).all()
+
+
+def test_cuda_graphs_interleaved_with_other_work_and_freed_memory():
+    """Two graphed fits and an ungraphed one stepping in turn, with the caching allocator's
+    free memory handed back to the driver between steps (``empty_cache``): a graph that read
+    memory it does not own (the speed benchmark's plain-graph baseline did, an illegal access
+    on an H200) fails here."""
+    from pyro_dropout import local_reparameterization
+    from pyro_dropout.infer import CompiledSVI, JitMeanFieldELBO, fused_adam
+
+    if CUDA.type != "cuda":
+        pytest.skip("records CUDA graphs")
+    x, y = _data(n=128, d=4)
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    svis = []
+    for k, graphed in enumerate((True, True, False)):
+        model = BayesianMLP(4, 1, hidden=(16,), tau=25.0).to(CUDA)
+        guide = AutoDropout(model, dropout_rate=0.1, name=f"interleaved_{k}")
+        svis.append(CompiledSVI(model, guide, fused_adam({"lr": 1e-2}), JitMeanFieldELBO(),
+                                cuda_graph=graphed))  # fmt: skip
+    losses = []
+    with local_reparameterization():
+        for step in range(40):
+            for svi in svis:
+                i = (step % 4) * 32
+                losses.append(svi.step(x[i : i + 32], y[i : i + 32], num_data=128))
+                torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    assert all(math.isfinite(v) for v in losses)
+    for svi in svis[:2]:
+        (entry,) = svi.step_graphs._steps.values()
+        assert entry[1].cuda_graph is not None
