@@ -94,6 +94,12 @@ def _parser():
         help="where the batched members train and are evaluated: cpu (default) or cuda; "
         "recorded in every unit (the protocol's settings, hence --resume, do not depend on it)",
     )
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="with --device cuda: record each training step as a CUDA graph "
+        "(fit's cuda_graph; ~4x faster steps on an H200); recorded as the units' engine",
+    )
     p.add_argument("--resume", action="store_true", help="skip units whose JSON files exist")
     p.add_argument(
         "--report-only",
@@ -204,6 +210,8 @@ def _resolve(args, parser):
         parser.error(f"--device: {err}")
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: this torch sees no CUDA device (use --device cpu)")
+    if args.cuda_graph and args.device.type != "cuda":
+        parser.error("--cuda-graph records CUDA graphs: it needs --device cuda")
     return datasets, per_ds
 
 

@@ -73,6 +73,7 @@ def _fit_and_evaluate(
         batch_size=settings["batch_size"],
         lr=settings["lr"],
         seed=seed,
+        cuda_graph=getattr(args, "cuda_graph", False),
     )
     tau_learned = eval_tau()
     ev = um.evaluate(

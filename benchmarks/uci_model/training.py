@@ -31,7 +31,8 @@ class FitStats:
     warm_steps: int = 0
     jit: bool = False
     #: What computed the loss: ``"fused"`` (:mod:`~benchmarks.uci_fused`'s
-    #: kernels), ``"traced"`` (``JitMeanFieldELBO``) or ``"eager"`` (``MeanFieldELBO``).
+    #: kernels), ``"traced"`` (``JitMeanFieldELBO``; ``"traced+cuda_graph"`` with its steps
+    #: recorded as CUDA graphs) or ``"eager"`` (``MeanFieldELBO``).
     engine: str = "traced"
 
     @property
@@ -83,6 +84,8 @@ def train(
     steps_per_epoch = math.ceil(n / batch_size)
     total = num_epochs * steps_per_epoch if max_steps is None else max_steps
     optim = fused_adam({"lr": lr}) if fused else pyro.optim.Adam({"lr": lr})
+    if cuda_graph and (not jit or x.device.type != "cuda"):
+        raise ValueError("train(cuda_graph=True) records the compiled step: jit on CUDA tensors")
     if kernels is None:  # compiled training: the kernels where they apply
         kernels = jit and x.device.type == "cpu" and uci_fused.supports(model, guide)
     elif kernels and not uci_fused.supports(model, guide):
@@ -91,7 +94,7 @@ def train(
         engine = "fused"
         svi = uci_fused.FusedSVI(model, guide, optim)
     else:
-        engine = "traced" if jit else "eager"
+        engine = ("traced+cuda_graph" if cuda_graph else "traced") if jit else "eager"
         elbo = (JitMeanFieldELBO if jit else MeanFieldELBO)(
             max_plate_nesting=model.max_plate_nesting
         )

@@ -556,3 +556,23 @@ def test_constant_noise_ll_is_the_calibrated_gaussian_score():
     summary = {"datasets": {"x": {"guides": {"vd": row}, "published": {"mc_dropout_2018": anchor}}}}
     line = next(s for s in _calibration(summary, ["vd"]) if s.startswith("| x |"))
     assert "| -0.050 |" in line and line.endswith("| +0.020 |")
+
+
+def test_cuda_graph_flag_needs_a_cuda_device(data_dir, tmp_path, capsys):
+    """``--cuda-graph`` records CUDA graphs; on the CPU it is refused, not ignored (the CPU
+    route trains on the fused kernels, where a graph would not apply)."""
+    with pytest.raises(SystemExit):
+        uci.main(["--data-dir", str(data_dir), "--out", str(tmp_path / "o"), "--cuda-graph"])
+    assert "--cuda-graph records CUDA graphs: it needs --device cuda" in capsys.readouterr().err
+
+
+def test_train_refuses_cuda_graph_without_cuda():
+    import torch
+
+    um = uci_model
+    x, y = torch.randn(1, 16, 3), torch.randn(1, 16)
+    grid = um.grid("dropout", [0.1], [1.0])
+    members = um.Members([dict(c) for c in grid], torch.ones(len(grid)).double(), 16)
+    model, guide, _ = um.build("dropout", 3, 4, members)
+    with pytest.raises(ValueError, match="jit on CUDA tensors"):
+        um.train(model, guide, x, y, len(grid), 1, batch_size=8, cuda_graph=True)

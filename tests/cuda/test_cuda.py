@@ -354,3 +354,25 @@ def test_cuda_graphs_interleaved_with_other_work_and_freed_memory():
     for svi in svis[:2]:
         (entry,) = svi.step_graphs._steps.values()
         assert entry[1].cuda_graph is not None
+
+
+def test_uci_command_line_with_cuda_graphs(tmp_path):
+    """``--device cuda --cuda-graph``: the quick protocol trains with graphed steps and every
+    unit's phase records the engine ``traced+cuda_graph``."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import uci
+
+    if CUDA.type != "cuda":
+        pytest.skip("records CUDA graphs")
+    data = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "uci"
+    out = tmp_path / "uci"
+    uci.main(["--data-dir", str(data), "--out", str(out), "--datasets", "yacht", "--quick",
+              "--guides", "dropout", "--device", "cuda", "--cuda-graph", "--quiet"])  # fmt: skip
+    units = sorted(out.glob("units/yacht/dropout/split_*[0-9].json"))
+    assert units
+    for path in units:
+        rec = json.loads(path.read_text())
+        assert rec["final_fit"]["engine"] == "traced+cuda_graph", rec["final_fit"]
+        assert math.isfinite(rec["test"]["ll"])
