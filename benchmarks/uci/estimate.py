@@ -41,10 +41,11 @@ def estimate(ds, guide, splits, args, probe_steps=30, probe_samples=20):
             model, g, eval_tau = um.build(
                 guide, ds.n_features, ds.n_hidden, members, hidden_layers=depth
             )
-            um.train(model, g, x, y, per, 1, batch_size=settings["batch_size"], max_steps=5)
-            st = um.train(
-                model, g, x, y, per, 1, batch_size=settings["batch_size"], max_steps=probe_steps
-            )
+            graph = getattr(args, "cuda_graph", False)  # --cuda-graph: time graphed steps
+            um.train(model, g, x, y, per, 1, batch_size=settings["batch_size"], max_steps=5,
+                     cuda_graph=graph)  # fmt: skip
+            st = um.train(model, g, x, y, per, 1, batch_size=settings["batch_size"],
+                          max_steps=probe_steps, cuda_graph=graph)  # fmt: skip
             # The compiled ELBO's first steps of each minibatch shape trace it: timed apart,
             # and counted once per shape (two in a run whose last batch is smaller).
             t_step = (st.wall_s - st.compile_s) / (st.steps - st.warm_steps)
