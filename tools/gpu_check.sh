@@ -35,7 +35,7 @@ timeout "${TESTS_S:-170}" python3 -m pytest -q -p no:cacheprovider tests/cuda -s
 
 echo "== probe"; timeout 60 python3 tools/gpu/failed_capture_probe.py 2>&1 | tee "$OUT/probe.log"
 echo "== speed (CUDA)"
-timeout "${SPEED_S:-170}" python3 -m benchmarks.speed --device cuda --no-profile \
+timeout "${SPEED_S:-240}" python3 -m benchmarks.speed --device cuda --no-profile \
     --rounds "${ROUNDS:-5}" --json "$OUT/speed_cuda.json" --markdown "$OUT/speed_cuda.md" \
     > "$OUT/speed_cuda.log" 2>&1
 echo "rc $?"; head -40 "$OUT/speed_cuda.md" 2>/dev/null || tail -20 "$OUT/speed_cuda.log"
