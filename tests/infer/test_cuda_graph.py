@@ -167,3 +167,46 @@ def test_cuda_graph_arguments_are_checked():
     with pytest.warns(CompilationWarning, match="not JitMeanFieldELBO with FusedOptim"):
         CompiledSVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), JitMeanFieldELBO(),
                     cuda_graph=True)  # fmt: skip
+
+
+def test_graphed_fit_of_a_pyro_module_classifier_is_the_same_fit(monkeypatch):
+    """A model written the Pyro way, not for this library (``PyroModule[nn.Linear]`` layers
+    with ``PyroSample`` priors, a Categorical likelihood, no ``num_data``: fit scales the
+    observed site), with Concrete dropout: the graphed fit is the ungraphed one to the bit."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroModule, PyroSample
+
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.a = PyroModule[torch.nn.Linear](4, 8)
+            self.a.weight = PyroSample(dist.Normal(0.0, 1.0).expand([8, 4]).to_event(2))
+            self.a.bias = PyroSample(dist.Normal(0.0, 1.0).expand([8]).to_event(1))
+            self.b = PyroModule[torch.nn.Linear](8, 3)
+            self.b.weight = PyroSample(dist.Normal(0.0, 1.0).expand([3, 8]).to_event(2))
+            self.b.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+        def forward(self, x, y=None):
+            logits = self.b(torch.tanh(self.a(x)))
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+            return logits
+
+    x, _ = _data()
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
+
+    def run(cuda_graph):
+        pyro.clear_param_store()
+        model = Net()
+        guide = AutoConcreteDropout(model)
+        losses = fit(model, guide, x, y, num_steps=12, batch_size=32, seed=5, progress=False,
+                     cuda_graph=cuda_graph)  # fmt: skip
+        return losses, {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+
+    ref_losses, ref_params = run(False)
+    stand_in = _Stand_in().install(monkeypatch)
+    losses, params = run(True)
+    assert stand_in.replays == 12 - 2 - cg.WARMUP_STEPS
+    assert losses == ref_losses
+    for k in params:
+        assert torch.equal(params[k], ref_params[k]), k
