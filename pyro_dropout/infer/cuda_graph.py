@@ -57,6 +57,9 @@ WARMUP_STEPS = 3
 
 def graph_blocker(params: Sequence[torch.Tensor], args: Sequence[Any]) -> str | None:
     """Why a step over ``params`` and ``args`` cannot be a CUDA graph (``None``: it can)."""
+    if not any(torch.is_tensor(a) for a in args):
+        # (the steps' side stream is chosen by the arguments' device, see StepGraphs.stream)
+        return "the step's arguments hold no tensor (the data must be passed to the model)"
     tensors = [*params, *(a for a in args if torch.is_tensor(a))]
     devices = {t.device for t in tensors}
     if any(d.type != "cuda" for d in devices):

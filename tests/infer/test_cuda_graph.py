@@ -156,6 +156,14 @@ def test_cpu_tensors_warn_once_and_fit_as_without():
     assert losses == ref_losses
 
 
+def test_graph_blocker_reasons():
+    cpu = [torch.zeros(2)]
+    assert "not all on a CUDA device" in cg.graph_blocker(cpu, cpu)
+    assert "not all on a CUDA device" in cg.graph_blocker([torch.empty(2, device="meta")], cpu)
+    # a model that reads its data from elsewhere: no argument tells the side stream's device
+    assert "arguments hold no tensor" in cg.graph_blocker(cpu, [3, "x"])
+
+
 def test_cuda_graph_arguments_are_checked():
     x, y = _data()
     model = BayesianMLP(4, 1, hidden=(8,))
