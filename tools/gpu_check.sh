@@ -1,25 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks of one device session, as one script (run in the repository root on a machine
-# with a CUDA GPU; writes what it measured under $OUT). Expects, carried beside the tree:
-#   .whl/      wheels of what the machine lacks (pyro-ppl, pyro-api, ArviZ 1.x and its pure-Python
-#              parts), installed into .gpu_site;
-#   .devdata/  a copy of ../shared/data/uci/{yacht,kin8nm} (the shared folder does not travel).
+# with a CUDA GPU; writes what it measured under $OUT). Carry `.whl` and `.devdata` (see
+# tools/gpu/setup.sh, which installs and records the machine).
 # Each phase has its own time limit so that a slow one leaves the others their time.
 # DIAG=2 runs tools/gpu/seqtime.py and tools/gpu/interleave.py instead (see docs/benchmarks/speed.md).
 set -u
-OUT=${OUT:-.gpu_out}  # (the device tool sets $OUT; relative to the repository otherwise)
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target .gpu_site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD/.gpu_site:$PWD
-if [ ! -d ../shared/data/uci ]; then
-    mkdir -p ../shared/data && cp -r .devdata/uci ../shared/data/uci
-fi
-{
-    nvidia-smi -L
-    python3 -c "import sys, torch, pyro, numpy; print(sys.version.split()[0], torch.__version__, torch.version.cuda, pyro.__version__, numpy.__version__)"
-} 2>&1 | tee "$OUT/machine.txt"
+source tools/gpu/setup.sh
 
 if [ "${DIAG:-0}" = 2 ]; then  # the speed methods one by one, then interleaved with labels
     timeout 120 python3 tools/gpu/seqtime.py "$OUT/speed_cuda_seq" > "$OUT/seqtime.log" 2>&1
