@@ -152,7 +152,6 @@ def evaluate(
         pyro.validation_enabled(False),
         # weight draws: the guide's weights, no pre-activation sampling
         local_reparameterization() if draws == "examples" else contextlib.nullcontext(),
-        torch.jit.optimized_execution(not jit),  # as in train(): no gain from it here
     ):
         for s0 in range(0, num_samples, chunk):
             c = min(chunk, num_samples - s0)

@@ -65,7 +65,7 @@ def train(
     Keras. The likelihood is scaled by ``N / B``, the KL counted once per step.
     :param max_steps: stop early (timing runs).
     :param jit: use :class:`~pyro_dropout.infer.JitMeanFieldELBO` (one trace per minibatch
-        shape), run by TorchScript's unoptimised executor. The same estimator as the eager
+        shape, replayed as an FX graph of the captured loss). The same estimator as the eager
         ``MeanFieldELBO``, but not the same random stream: the traced graph drops the guide's
         weight draws that local reparameterisation leaves unused.
     :param fused: one fused Adam over all parameters (:func:`~pyro_dropout.infer.fused_adam`,
@@ -104,15 +104,7 @@ def train(
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0
     start = time.perf_counter()
-    # The graph executor's optimisations (differentiable subgraphs; no fusion on CPU) made
-    # the compiled step slower than eager on large steps; unoptimised it is the fastest
-    # (kin8nm, dropout, one thread, ms/step eager / optimised / unoptimised: 240 members
-    # 37.1 / 39.3 / 32.2, 20 members 5.3 / 3.2 / 3.0).
-    with (
-        pyro.validation_enabled(False),
-        local_reparameterization(),
-        torch.jit.optimized_execution(not jit),
-    ):
+    with pyro.validation_enabled(False), local_reparameterization():
         for step in range(total):
             k = step % steps_per_epoch
             if k == 0:
