@@ -400,3 +400,66 @@ def test_main_objects_and_the_fallback_to_one_process(monkeypatch):
                                   num_samples=5, processes=2, jit_compile=False,
                                   max_tree_depth=2)  # fmt: skip
     assert rd.attrs(ref)["processes"] == 1
+
+
+_NO_TRACER = r"""
+import json, warnings
+import torch
+
+def gone(*args, **kwargs):
+    raise RuntimeError("TorchScript was removed")
+torch.jit.trace = gone  # as a torch without TorchScript's tracer would
+
+import pyro_dropout as pd
+from pyro_dropout.diagnostics import reference_posterior
+
+x = torch.linspace(-2, 2, 24).unsqueeze(-1)
+y = torch.sin(2 * x).squeeze(-1)
+out = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    ref = reference_posterior(pd.BayesianMLP(1, 1, hidden=(4,), tau=100.0), x, y, num_chains=1,
+                              num_warmup=4, num_samples=4, processes=1)
+out["warnings"] = [[type(w.message).__name__, str(w.message)] for w in caught]
+from pyro_dropout.diagnostics import _arviz_compat as compat, _reader as rd
+out["config"] = rd.config(ref)  # (either ArviZ line)
+out["draws"] = int(compat.get_group(ref, "posterior").sizes["draw"])
+try:
+    reference_posterior(pd.BayesianMLP(1, 1, hidden=(4,), tau=100.0), x, y, num_chains=1,
+                        num_warmup=2, num_samples=2, processes=1, jit_compile=True)
+    out["strict"] = None
+except RuntimeError as err:
+    out["strict"] = str(err)
+print(json.dumps(out, default=str))
+"""
+
+
+def test_without_torchscripts_tracer_nuts_runs_uncompiled_and_says_so():
+    """TorchScript is deprecated upstream (issue 38). Its tracer gone (raising, as a future torch
+    might): the default ``jit_compile="auto"`` runs the chains uncompiled with one
+    CompilationWarning naming why and the cost (before: Pyro's JIT raised from ``mcmc.run``);
+    ``jit_compile=True`` raises a RuntimeError that names the tracer and the way out."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_TRACER], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["draws"] == 4 and out["config"]["jit_compile"] is False  # what ran
+    compile_warnings = [m for k, m in out["warnings"] if k == "CompilationWarning"]
+    assert len(compile_warnings) == 1, out["warnings"]
+    assert (
+        "without Pyro's JIT" in compile_warnings[0]
+        and "TorchScript was removed" in (compile_warnings[0])
+    )
+    assert "1.6x" in compile_warnings[0] and "jit_compile=False" in compile_warnings[0]
+    assert out["strict"] is not None and "jit_compile='auto'" in out["strict"]
+
+
+def test_jit_compile_takes_true_false_or_auto(linreg):
+    with pytest.raises(ValueError, match="jit_compile must be True, False or 'auto'"):
+        reference_posterior(linreg_model, linreg.x, linreg.y, jit_compile="yes", **NUTS_SETTINGS)
+    assert ref_mod.tracer_unavailable() is None  # this torch traces: "auto" compiles
