@@ -1,8 +1,10 @@
 """Broadcast helpers shared by the distributions, layers and handlers."""
 
+from collections.abc import Iterable
+
 import torch
 
-__all__ = ["broadcast_shape", "is_uniform", "unexpand"]
+__all__ = ["broadcast_shape", "is_uniform", "ntuple", "unexpand"]
 
 
 def unexpand(t):
@@ -39,3 +41,10 @@ def broadcast_shape(*shapes):
                     raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
                 out[j] = n
     return torch.Size(out)
+
+
+def ntuple(x, n):
+    """A convolution's argument (stride, padding, dilation, kernel size) as an ``n``-tuple: a
+    number repeated, an iterable as a tuple (what ``torch.nn``'s private ``_single`` and
+    ``_pair`` do)."""
+    return tuple(x) if isinstance(x, Iterable) else (x,) * n

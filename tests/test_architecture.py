@@ -36,6 +36,7 @@ LAYERS = (
         (
             "pyro_dropout._broadcast",
             "pyro_dropout._checks",
+            "pyro_dropout._nested",
             "pyro_dropout._trace",
             "pyro_dropout._version",
         ),

@@ -63,8 +63,8 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import Distribution, Independent, Normal, constraints
-from torch.nn.modules.utils import _pair, _single
 
+from .._broadcast import ntuple
 from ..nn.functional import (
     ConvSpec,
     LayoutError,
@@ -305,9 +305,9 @@ class LocalReparameterizationMessenger(Messenger):
             )
             fn = torch.conv1d if ndim == 1 else torch.conv2d
             return fn(x, laid_out(w), laid_out(bias), stride, padding, dilation, groups)
-        tup = _single if ndim == 1 else _pair
-        padding = padding if isinstance(padding, str) else tup(padding)
-        spec = ConvSpec(ndim, tup(stride), padding, tup(dilation), groups)
+
+        padding = padding if isinstance(padding, str) else ntuple(padding, ndim)
+        spec = ConvSpec(ndim, ntuple(stride, ndim), padding, ntuple(dilation, ndim), groups)
         return self._answer_op(x, site, bias, spec)
 
     def _answer_op(self, x, site, bias, spec):

@@ -39,6 +39,8 @@ import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 
+from .._nested import map_tensors as _map
+from .._nested import tensors as _tensors
 from .._trace import ACTIVE
 from ..nn import guided_value
 
@@ -58,24 +60,6 @@ def _inplace(func):
         "__imul__",
         "__itruediv__",
     )
-
-
-def _map(value, fn):
-    """``fn`` applied to each tensor in nested lists, tuples and dicts (others kept)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        out = [_map(v, fn) for v in value]
-        return type(value)(*out) if hasattr(type(value), "_fields") else type(value)(out)
-    if isinstance(value, dict):
-        return {k: _map(v, fn) for k, v in value.items()}
-    return value
-
-
-def _tensors(value):
-    out = []
-    _map(value, lambda t: out.append(t) or t)
-    return out
 
 
 class _RngWatch:

@@ -11,6 +11,8 @@ and for latent sites without an analytic KL (Monte-Carlo fallback, exactly as Py
 returns the same loss and gradients as ``TraceMeanField_ELBO``.
 """
 
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +20,40 @@ import torch
 from pyro import poutine
 from pyro.distributions.util import is_identically_zero, scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 from torch.distributions import kl_divergence
 
+from ..handlers.lrt_messenger import _user_stacklevel
+
 __all__ = ["MeanFieldELBO"]
+
+
+def _check_mean_field_requirement(model_trace, guide_trace):
+    """Warn where the guide's sample sites do not come in the model's order (sufficient, not
+    necessary, for a mean-field guide). Pyro's ``TraceMeanField_ELBO`` check, as written there
+    (Apache 2.0): its function is private (``pyro.infer.trace_mean_field_elbo``), so it is not
+    imported."""
+    model_sites = [
+        name
+        for name, site in model_trace.nodes.items()
+        if site["type"] == "sample" and name in guide_trace.nodes
+    ]
+    guide_sites = [
+        name
+        for name, site in guide_trace.nodes.items()
+        if site["type"] == "sample" and name in model_trace.nodes
+    ]
+    if model_sites != guide_sites:
+        warnings.warn(
+            "Failed to verify mean field restriction on the guide. To eliminate this warning, "
+            "ensure model and guide sites occur in the same order.\nModel sites:\n  "
+            + "\n  ".join(model_sites)
+            + "\nGuide sites:\n  "
+            + "\n  ".join(guide_sites),
+            stacklevel=_user_stacklevel(sys._getframe()),  # the user's fit or SVI.step line
+        )
 
 
 def _analytic_kl(guide_site, model_site):

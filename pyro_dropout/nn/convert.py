@@ -12,6 +12,15 @@ from .priors import PriorSpec
 __all__ = ["bayesianize"]
 
 _CONVERTIBLE = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)
+#: torch.nn's dropout layers (the subclasses of their private base, ``_DropoutNd``, in torch 2.13)
+_DROPOUT_LAYERS = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
 
 
 def _convert_layer(m, prior, bias_prior):
@@ -106,7 +115,7 @@ def _replace(module, prior, bias_prior, keep_dropout):
     for name, child in list(module.named_children()):
         if type(child) in _CONVERTIBLE:
             setattr(module, name, _convert_layer(child, prior, bias_prior))
-        elif isinstance(child, torch.nn.modules.dropout._DropoutNd) and not keep_dropout:
+        elif isinstance(child, _DROPOUT_LAYERS) and not keep_dropout:
             setattr(module, name, torch.nn.Identity())
         elif not isinstance(child, PyroModule):
             _replace(child, prior, bias_prior, keep_dropout)

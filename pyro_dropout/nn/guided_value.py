@@ -26,7 +26,8 @@ operation are plain tensors, so nothing downstream is wrapped.
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_flatten, tree_map
+
+from .._nested import map_tensors, tensors
 
 __all__ = ["GuidedValue", "SiteRecord", "laid_out", "plain", "wrap"]
 
@@ -96,7 +97,7 @@ def laid_out(t):
 
 
 def _unwrap(tree):
-    return tree_map(laid_out, tree)
+    return map_tensors(tree, laid_out)
 
 
 _CONTAINERS = (list, tuple, dict)
@@ -109,18 +110,16 @@ def _fallback(func, args, kwargs):
         isinstance(v, _CONTAINERS) for v in kwargs.values()
     ):
         # Flat arguments (the common case: an ELBO's log density of a weight, ``w * 2``):
-        # without torch's pytree walks, which cost more than the op on a small network
+        # without walking nested arguments, which cost more than the op on a small network
         # (measured: a third of a user's eager SVI step with AutoConcreteDropout at W1).
         guided = [a for a in args if isinstance(a, GuidedValue)]
         guided += [v for v in kwargs.values() if isinstance(v, GuidedValue)]
         out = func(*map(laid_out, args), **{k: laid_out(v) for k, v in kwargs.items()})
-        holds = torch.is_tensor(out) or (
-            isinstance(out, _CONTAINERS) and any(torch.is_tensor(v) for v in tree_flatten(out)[0])
-        )
+        holds = torch.is_tensor(out) or (isinstance(out, _CONTAINERS) and bool(tensors(out)))
     else:
         out = func(*_unwrap(args), **_unwrap(kwargs))
-        holds = any(torch.is_tensor(v) for v in tree_flatten(out)[0])
-        guided = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, GuidedValue)]
+        holds = bool(tensors(out))
+        guided = [v for v in tensors((args, kwargs)) if isinstance(v, GuidedValue)]
     if holds:
         name = _op_name(func)
         for v in guided:

@@ -7,8 +7,8 @@ from pyro.nn import PyroModule, PyroSample
 from pyro.poutine.messenger import block_messengers
 from pyro.poutine.plate_messenger import PlateMessenger
 from pyro.poutine.runtime import get_plates
-from torch.nn.modules.utils import _pair, _single
 
+from .._broadcast import ntuple
 from .._checks import positive_int
 from .functional import ConvSpec, LinearSpec, align_to_frames, bayesian_layer
 from .guided_value import plain
@@ -203,7 +203,7 @@ class _BayesianConvNd(_BayesianLayer):
         bias_prior: PriorSpec = None,
     ) -> None:
         super().__init__()
-        tup = _single if self._ndim == 1 else _pair
+
         in_channels = positive_int(in_channels, "in_channels")
         out_channels = positive_int(out_channels, "out_channels")
         groups = positive_int(groups, "groups")
@@ -214,9 +214,11 @@ class _BayesianConvNd(_BayesianLayer):
             )
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.kernel_size = tup(kernel_size)
-        padding = padding if isinstance(padding, str) else tup(padding)
-        self.spec = ConvSpec(self._ndim, tup(stride), padding, tup(dilation), groups)
+        self.kernel_size = ntuple(kernel_size, self._ndim)
+        padding = padding if isinstance(padding, str) else ntuple(padding, self._ndim)
+        self.spec = ConvSpec(
+            self._ndim, ntuple(stride, self._ndim), padding, ntuple(dilation, self._ndim), groups
+        )
         self._setup_sites(
             (out_channels, in_channels // groups) + self.kernel_size,
             (out_channels,) if bias else None,

@@ -168,6 +168,12 @@ EXPECTED: dict[str, set[str]] = {
     # public, deprecated tracer still traces before it lets Pyro's jit_compile use it, and
     # runs uncompiled with a warning where it does not (test_diag_reference.py).
     "diagnostics/reference.py": {"torch.jit"},
+    # Pyro's stack of active effect handlers: Pyro has no public accessor for it, and its own
+    # handlers read it there (pyro.poutine.runtime; the same name since Pyro 0.2). The
+    # local reparameterisation finds the plates and trace it runs under, the compiled loss keys
+    # its graphs by the handlers around the call.
+    "handlers/lrt_messenger.py": {"private: pyro.poutine.runtime._PYRO_STACK"},
+    "infer/compiled.py": {"private: pyro.poutine.runtime._PYRO_STACK"},
 }
 
 
@@ -211,6 +217,10 @@ def _families(tree):
                 add("torch._C", node.lineno)
             elif name.startswith("torch.jit") or name.startswith("pyro.ops.jit"):
                 add("torch.jit", node.lineno)
+            elif name.split(".")[0] in ("torch", "pyro") and any(
+                part.startswith("_") and not part.startswith("__") for part in name.split(".")
+            ):
+                add(f"private: {name}", node.lineno)  # any other private torch or Pyro name
     return found
 
 

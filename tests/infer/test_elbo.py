@@ -88,3 +88,33 @@ def test_auxiliary_guide_sites_and_monte_carlo_fallback_are_kept():
         if elbo_cls is TraceMeanField_ELBO:
             reference = losses
     assert losses == pytest.approx(reference)
+
+
+def test_guide_sites_out_of_the_models_order_warn_as_pyros_elbo_does():
+    """The mean-field order check (Pyro's ``TraceMeanField_ELBO`` check, kept here because
+    Pyro's function is private): a guide that samples the model's sites in another order warns
+    once per loss, at the caller's line, with both orders; the same order does not."""
+
+    def model():
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+        pyro.sample("b", dist.Normal(0.0, 1.0))
+
+    def guide(order):
+        def run():
+            loc = pyro.param("loc", torch.tensor(0.0))
+            for name in order:
+                pyro.sample(name, dist.Normal(loc, 1.0))
+
+        return run
+
+    with pyro.validation_enabled(True):
+        with pytest.warns(UserWarning, match="mean field restriction") as caught:
+            MeanFieldELBO().differentiable_loss(model, guide("ba"))
+        message = str(caught[0].message)
+        assert "Model sites:\n  a\n  b" in message and "Guide sites:\n  b\n  a" in message
+        assert caught[0].filename == __file__
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            MeanFieldELBO().differentiable_loss(model, guide("ab"))
