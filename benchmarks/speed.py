@@ -19,7 +19,8 @@ times; ratios against baselines measured in the same rounds, so machine noise la
   model a Pyro user writes) with fit's step for each guide, against the same plain network;
 * **a Pyro user's own loop**: ``SVI(model, guide, pyro.optim.Adam, TraceMeanField_ELBO())`` on the
   tutorial model, our guides under ``local_reparameterization()``, against the same loop with
-  Pyro's ``AutoNormal`` and no LRT (what our layer adds to Pyro's own cost);
+  Pyro's ``AutoNormal`` and no LRT (what our layer adds to Pyro's own cost), and the same loop
+  with this library's ``MeanFieldELBO`` (a drop-in for ``TraceMeanField_ELBO``) for our guides;
 * **predict** (T = 100 samples, 1,000 points; weight draws, the default, and per-example
   pre-activations) against a plain-PyTorch loop of T dropout forwards.
 
@@ -56,7 +57,7 @@ from pyro_dropout import (
     local_reparameterization,
     predict,
 )
-from pyro_dropout.infer import CompiledSVI, fused_adam
+from pyro_dropout.infer import CompiledSVI, MeanFieldELBO, fused_adam
 from pyro_dropout.infer.elbo import make_elbo
 from pyro_dropout.infer.minibatch import ScaleObserved
 
@@ -77,11 +78,13 @@ DROPOUT_GUIDES = ("AutoDropout", "AutoConcreteDropout")
 
 #: Ratio keys: ``fit/<guide>`` (fit's compiled step, ``jit="auto"``), ``eager/<guide>`` (jit=False),
 #: ``tutorial/<guide>`` (the tutorial model with fit's step), ``user-loop/<guide>`` (a plain
-#: Pyro SVI loop, against AutoNormal without LRT), ``predict`` (its default, weight draws) and
-#: ``predict (per-example pre-activations)``.
+#: Pyro SVI loop, against AutoNormal without LRT), ``user-loop-mf/<guide>`` (the same loop with
+#: this library's ``MeanFieldELBO`` in place of ``TraceMeanField_ELBO``), ``predict`` (its
+#: default, weight draws) and ``predict (per-example pre-activations)``.
 PER_EXAMPLE_SUFFIX = " (per-example pre-activations)"
 PLAIN = "plain nn.Dropout step"
 USER_BASELINE = "user SVI loop: AutoNormal, no LRT"
+USER_MF = "user SVI loop, MeanFieldELBO: "
 PLAIN_GRAPH = "plain nn.Dropout step, one CUDA graph"
 
 
@@ -91,7 +94,7 @@ def target(kind, guide, workload):
         if workload == "W1":
             return 1.5
         return 1.1 if guide in DROPOUT_GUIDES else 2.0
-    if kind == "user-loop":
+    if kind in ("user-loop", "user-loop-mf"):
         return 1.3
     if kind == "predict":
         return 1.0
@@ -265,9 +268,11 @@ def _fit_step(w, guide_name, x, y, jit="auto", tutorial=False, cuda_graph=False)
     return _Step(model, guide, elbo, optim, (xb, yb), kwargs, context, svi=svi)
 
 
-def _user_loop_step(w, guide_name, x, y):
-    """A Pyro user's own loop on the tutorial model: Pyro's Adam and ``TraceMeanField_ELBO``,
-    our guides under ``local_reparameterization()``; ``AutoNormal`` without it."""
+def _user_loop_step(w, guide_name, x, y, elbo_class=TraceMeanField_ELBO):
+    """A Pyro user's own loop on the tutorial model: Pyro's Adam and ``TraceMeanField_ELBO``
+    (or ``elbo_class``: this library's ``MeanFieldELBO``, the same estimator without the guide
+    densities Pyro computes and then replaces by the analytic KL), our guides under
+    ``local_reparameterization()``; ``AutoNormal`` without it."""
     model = TutorialBNN(w["sizes"], w["task"])
     guide = _make_guide(guide_name, model, w)
     lrt = guide_name != "AutoNormal"
@@ -276,7 +281,7 @@ def _user_loop_step(w, guide_name, x, y):
     def context():
         return local_reparameterization() if lrt else nullcontext()
 
-    elbo = TraceMeanField_ELBO(max_plate_nesting=1)
+    elbo = elbo_class(max_plate_nesting=1)
     return _Step(model, guide, elbo, pyro.optim.Adam({"lr": 1e-3}), (xb, yb), {}, context)
 
 
@@ -320,6 +325,9 @@ def _methods(w, x, y, pred_points, pred_samples):
         step = _user_loop_step(w, name, x, y)
         label = USER_BASELINE if name == "AutoNormal" else f"user SVI loop: {name} + LRT"
         methods[label] = (step, "user-loop" if name != "AutoNormal" else "baseline", name)
+    for name in GUIDES:
+        step = _user_loop_step(w, name, x, y, elbo_class=MeanFieldELBO)
+        methods[f"{USER_MF}{name} + LRT"] = (step, "user-loop-mf", name)
     x_pred = torch.randn(pred_points, w["sizes"][0])
     fitted = steps[("eager", "AutoDropout")]
     model, guide = fitted.model, fitted.guide
@@ -344,6 +352,9 @@ def _ratios(med):
         elif label.startswith("user SVI loop: Auto") and label != USER_BASELINE:
             name = label.split(": ")[1].split(" ")[0]
             ratios[f"user-loop/{name}"] = m / med[USER_BASELINE]
+        elif label.startswith(USER_MF):
+            name = label[len(USER_MF) :].split(" ")[0]
+            ratios[f"user-loop-mf/{name}"] = m / med[USER_BASELINE]
     if PLAIN_GRAPH in med:
         ratios["plain-graph"] = med[PLAIN_GRAPH] / med[PLAIN]
     ratios["predict"] = med["predict (AutoDropout)"] / med["plain dropout predict loop"]
@@ -469,11 +480,14 @@ def markdown(report):
         "eager": "fit's step with jit=False (eager), {g} + LRT",
         "tutorial": "tutorial PyroModule BNN, fit's step, {g} + LRT",
         "user-loop": "user's SVI loop, {g} + LRT vs AutoNormal without LRT",
+        "user-loop-mf": "user's SVI loop with MeanFieldELBO, {g} + LRT vs the same AutoNormal loop",
     }
     if "graph/AutoDropout" in res["W1"]["ratios"]:
         labels["graph"] = "fit's step with cuda_graph=True, {g} + LRT"
         labels["graph-vs-plain-graph"] = "the same against the plain step as one CUDA graph, {g}"
     for kind, text in labels.items():
+        if f"{kind}/AutoDropout" not in res["W1"]["ratios"]:
+            continue  # (a report from before the row existed)
         for g in GUIDES:
             row = [text.format(g=g)]
             for w in ("W1", "W2"):

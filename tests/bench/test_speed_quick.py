@@ -16,7 +16,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
         ratios = report["results"][w]["ratios"]
         expected = {
             f"{kind}/{g}"
-            for kind in ("fit", "eager", "tutorial", "user-loop")
+            for kind in ("fit", "eager", "tutorial", "user-loop", "user-loop-mf")
             for g in speed.GUIDES
         }
         expected |= {"predict", "predict" + speed.PER_EXAMPLE_SUFFIX}
@@ -35,6 +35,7 @@ def test_quick_mode_writes_json_and_markdown(tmp_path):
     assert 'fit\'s default step, compiled (jit="auto"), AutoDropout + LRT' in text
     assert "fit's step with jit=False (eager), AutoDropout + LRT" in text
     assert "user's SVI loop" in text and "% of peak" in text
+    assert "user's SVI loop with MeanFieldELBO, AutoConcreteDropout + LRT" in text
 
 
 def test_targets_are_the_issues():
@@ -42,6 +43,7 @@ def test_targets_are_the_issues():
     assert speed.target("fit", "AutoConcreteDropout", "W2") == 1.1
     assert speed.target("tutorial", "AutoMeanField", "W2") == 2.0
     assert speed.target("user-loop", "AutoVariationalDropout", "W1") == 1.3
+    assert speed.target("user-loop-mf", "AutoConcreteDropout", "W2") == 1.3
     assert speed.target("predict", None, "W1") == 1.0
 
 
