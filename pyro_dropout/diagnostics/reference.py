@@ -415,8 +415,9 @@ def reference_posterior(
     ``wall_s`` record it, and a :class:`ReferenceConvergenceWarning` is emitted when
     ``fn_rhat_max > rhat_threshold``.
 
-    Cost: an 8-50-1 tanh BNN on 500 points takes about 1 ms per gradient with Pyro's JIT
-    (the default where torch's tracer works); NUTS uses up to ``2**max_tree_depth`` gradients per iteration.
+    Cost: an 8-50-1 tanh BNN on 500 points takes about 1 ms per gradient with Pyro's JIT (the
+    default where torch's tracer works); NUTS uses up to ``2**max_tree_depth`` gradients per
+    iteration.
 
     The model's ``torch.nn`` modules (and ``init_from``'s) run in eval mode (``BatchNorm``
     with its running statistics); their modes and buffers are restored afterwards

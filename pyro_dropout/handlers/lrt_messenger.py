@@ -305,7 +305,6 @@ class LocalReparameterizationMessenger(Messenger):
             )
             fn = torch.conv1d if ndim == 1 else torch.conv2d
             return fn(x, laid_out(w), laid_out(bias), stride, padding, dilation, groups)
-
         padding = padding if isinstance(padding, str) else ntuple(padding, ndim)
         spec = ConvSpec(ndim, ntuple(stride, ndim), padding, ntuple(dilation, ndim), groups)
         return self._answer_op(x, site, bias, spec)

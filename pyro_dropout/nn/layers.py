@@ -203,7 +203,6 @@ class _BayesianConvNd(_BayesianLayer):
         bias_prior: PriorSpec = None,
     ) -> None:
         super().__init__()
-
         in_channels = positive_int(in_channels, "in_channels")
         out_channels = positive_int(out_channels, "out_channels")
         groups = positive_int(groups, "groups")
