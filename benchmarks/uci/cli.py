@@ -100,7 +100,20 @@ def _parser():
         help="with --device cuda: record each training step as a CUDA graph "
         "(fit's cuda_graph; ~4x faster steps on an H200); recorded as the units' engine",
     )
-    p.add_argument("--resume", action="store_true", help="skip units whose JSON files exist")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip units whose JSON files exist, and continue a phase from its training "
+        "checkpoint (<out>/checkpoints/) where one was left",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="save each phase's training state this often (default 600; 0: only on SIGTERM "
+        "and when its training ends), so that --resume continues a phase that spans sittings",
+    )
     p.add_argument(
         "--report-only",
         action="store_true",
@@ -204,6 +217,8 @@ def _resolve(args, parser):
             parser.error(f"--page: {err}")
     if args.val_mc_samples < 1 or args.batch_size < 1 or args.threads < 1:
         parser.error("--val-mc-samples, --batch-size and --threads must be at least 1")
+    if not args.checkpoint_every >= 0:  # (NaN too)
+        parser.error(f"--checkpoint-every must be >= 0 seconds, got {args.checkpoint_every}")
     try:
         args.device = torch.device(args.device)
     except RuntimeError as err:

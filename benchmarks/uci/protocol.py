@@ -28,7 +28,11 @@ with ``M = splits × configurations``; each member has its own variational param
 dropout rate (``AutoDropout(dropout_rate=tensor (M,1,1,1))``), likelihood precision (an
 ``(M, 1)`` tensor) and data. Members are independent, and Adam acts element-wise, so this is
 the same optimisation as M separate runs (only the random streams differ), at a fraction of the
-Python overhead. ``--split-batch`` limits how many splits share a model (resume granularity).
+Python overhead. ``--split-batch`` limits how many splits share a model (the granularity of
+units). A phase's training is checkpointed under ``<out>/checkpoints/`` every
+``--checkpoint-every`` seconds and on ``SIGTERM`` (:mod:`benchmarks.uci_model.checkpoint`), so
+``--resume`` continues a phase longer than a sitting where it stopped; a resumed phase records
+``resumed_at_steps`` in its units.
 
 **The dropout guide and Gal's objective.** The reference net (Keras) is ``Dropout(p) →
 Dense(H, relu) → Dropout(p) → Dense(1)`` on standardised X and y, trained on

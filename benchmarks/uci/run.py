@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -63,6 +64,7 @@ def _fit_and_evaluate(
     model, g, eval_tau = um.build(
         guide, ds.n_features, ds.n_hidden, members, hidden_layers=hidden_layers(settings)
     )
+    checkpoint = _checkpoint(ds, guide, splits, configs, settings, validation, seed, args)
     stats = um.train(
         model,
         g,
@@ -74,6 +76,7 @@ def _fit_and_evaluate(
         lr=settings["lr"],
         seed=seed,
         cuda_graph=getattr(args, "cuda_graph", False),
+        checkpoint=checkpoint,
     )
     tau_learned = eval_tau()
     ev = um.evaluate(
@@ -108,7 +111,33 @@ def _fit_and_evaluate(
         "stats": stats,
         "eval": ev,
         "tau_learned": tau_learned,
+        "checkpoint": checkpoint,
     }
+
+
+def _checkpoint(ds, guide, splits, configs, settings, validation, seed, args):
+    """The phase's training checkpoint (:mod:`benchmarks.uci_model.checkpoint`) under
+    ``<out>/checkpoints/``: resumed from with ``--resume``, else a stale one is deleted."""
+    phase = "validation" if validation else "final"
+    name = f"{phase}_splits-{'-'.join(str(k) for k in splits)}.pt"
+    key = {
+        "dataset": ds.name,
+        "guide": guide,
+        "phase": phase,
+        "splits": list(splits),
+        "seed": seed,
+        "settings": settings,
+        "configs": configs,
+        "code": _code_state(),
+        "device": str(torch.get_default_device()),
+    }
+    every = getattr(args, "checkpoint_every", um.checkpoint.EVERY_S)
+    ck = um.checkpoint.Checkpoint(
+        Path(args.out) / "checkpoints" / ds.name / guide / name, key, every_s=every
+    )
+    if not args.resume:
+        ck.remove()
+    return ck
 
 
 def _phase_record(res, splits, seed):
@@ -124,6 +153,8 @@ def _phase_record(res, splits, seed):
         "eval_wall_s": res["eval"].wall_s,
         "final_loss_all_members": stats.final_loss,
         "seed": seed,
+        # a phase that spanned sittings: the steps at which it resumed from its checkpoint
+        **({"resumed_at_steps": list(stats.resumed_at)} if stats.resumed_at else {}),
     }
 
 
@@ -200,6 +231,7 @@ def _validation_phase(ds, guide, splits, settings, out, args):
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.val.json", rec)
         records[k] = rec
+    res["checkpoint"].remove()  # its units are written
     return records
 
 
@@ -265,6 +297,7 @@ def _final_phase(ds, guide, splits, val_records, settings, out, args):
             "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         _write_json(_unit_dir(out, ds.name, guide) / f"split_{k}.json", rec)
+    res["checkpoint"].remove()  # its units are written
 
 
 def run_dataset_guide(ds, guide, splits, args):

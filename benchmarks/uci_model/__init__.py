@@ -16,12 +16,13 @@ Modules, one concept each: :mod:`.priors` (the priors and noise settings, the dr
 training precision), :mod:`.network` (the batched regression MLP), :mod:`.configs` (the
 guides and their hyper-parameter grids), :mod:`.members` (the members of a fit),
 :mod:`.builders` (model and guide of each guide's members), :mod:`.training` (the training
-loop), :mod:`.draw` (one vectorised Monte-Carlo draw) and :mod:`.evaluation` (the test
+loop), :mod:`.checkpoint` (a training's state across sittings), :mod:`.draw` (one vectorised Monte-Carlo draw) and :mod:`.evaluation` (the test
 metrics).
 """
 
 # The names the benchmark, its tests and tools read as ``uci_model.<name>``, re-exported from
 # the modules that define them (``name as name``: a deliberate re-export, not an unused import).
+from . import checkpoint as checkpoint
 from .builders import _build_hetero as _build_hetero
 from .builders import build
 from .configs import GUIDES, GuideSpec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pyro_dropout import local_reparameterization
 from pyro_dropout.infer import CompiledSVI, JitMeanFieldELBO, MeanFieldELBO, fused_adam
 
 from .. import uci_fused
+from .checkpoint import Checkpoint, Interrupted
 from .members import _expand_members
 
 #: Steps per minibatch shape that ``JitMeanFieldELBO`` spends tracing (it traces the first two
@@ -34,6 +36,8 @@ class FitStats:
     #: kernels), ``"traced"`` (``JitMeanFieldELBO``; ``"traced+cuda_graph"`` with its steps
     #: recorded as CUDA graphs) or ``"eager"`` (``MeanFieldELBO``).
     engine: str = "traced"
+    #: Steps at which this training resumed from a checkpoint (empty: one uninterrupted run).
+    resumed_at: tuple[int, ...] = ()
 
     @property
     def steps_per_s(self):
@@ -55,6 +59,7 @@ def train(
     fused=True,
     kernels=None,
     cuda_graph=False,
+    checkpoint: Checkpoint | None = None,
 ):
     """Fit ``guide`` with ``MeanFieldELBO`` + local reparameterisation + Adam.
 
@@ -77,6 +82,10 @@ def train(
         (``ValueError`` naming why not), ``False`` never.
     :param cuda_graph: on a GPU, record the compiled step as a CUDA graph (``fit``'s
         ``cuda_graph``; :mod:`pyro_dropout.infer.cuda_graph`).
+    :param checkpoint: continue from this :class:`~.checkpoint.Checkpoint` where its file
+        exists, save to it every ``checkpoint.every_s`` seconds, at the end of training and on
+        ``SIGTERM`` (then raise :class:`~.checkpoint.Interrupted`, a ``SystemExit``). The
+        file stays until the caller removes it (its units are written).
     """
     pyro.clear_param_store()
     pyro.set_rng_seed(seed)
@@ -103,9 +112,26 @@ def train(
     loss = math.nan
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0
+    first, before_s, resumed_at = 0, 0.0, ()
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        checkpoint.restore(saved, optim, getattr(guide, "_pyro_name", None))
+        first, order, loss = saved["step"], saved["order"], saved["loss"]
+        before_s, compile_s, warm_steps = saved["wall_s"], saved["compile_s"], saved["warm_steps"]
+        resumed_at = (*saved["resumed_at"], first)
     start = time.perf_counter()
-    with pyro.validation_enabled(False), local_reparameterization():
-        for step in range(total):
+
+    def save():  # (the state after `step` steps)
+        checkpoint.save(
+            optim, step=step, order=order, loss=loss, wall_s=before_s + time.perf_counter() - start,
+            compile_s=compile_s, warm_steps=warm_steps, resumed_at=resumed_at,
+            guide_name=getattr(guide, "_pyro_name", None),
+        )  # fmt: skip
+
+    guard = checkpoint if checkpoint is not None else contextlib.nullcontext()
+    with pyro.validation_enabled(False), local_reparameterization(), guard:
+        step = first
+        while step < total:
             k = step % steps_per_epoch
             if k == 0:
                 order = torch.randperm(n)
@@ -123,6 +149,23 @@ def train(
                 raise FloatingPointError(
                     f"UCI benchmark: the loss became {loss} at step {step} of {total}"
                 )
+            step += 1
+            if checkpoint is not None and step < total and checkpoint.due():
+                save()
+                if checkpoint.stopping:
+                    raise Interrupted(
+                        f"SIGTERM: training checkpointed at step {step} of {total} in "
+                        f"{checkpoint.path}; --resume continues from it"
+                    )
+        if checkpoint is not None and first < total:
+            save()  # trained: a sitting that stops during the evaluation keeps the training
     return FitStats(
-        total, time.perf_counter() - start, float(loss), compile_s, warm_steps, jit, engine
+        total,
+        before_s + time.perf_counter() - start,
+        float(loss),
+        compile_s,
+        warm_steps,
+        jit,
+        engine,
+        resumed_at,
     )
