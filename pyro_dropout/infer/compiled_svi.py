@@ -18,7 +18,9 @@ from typing import Any
 
 import pyro
 import torch
+from pyro import poutine
 from pyro.infer import ELBO, SVI
+from pyro.infer.util import torch_item
 from pyro.optim import PyroOptim
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.util import warn_if_nan
@@ -40,8 +42,10 @@ class CompiledSVI(SVI):
     unconstrained values, backpropagates, steps the optimiser on those parameters (the ones
     ``SVI.step`` would collect) and clears their gradients (to ``None``, as
     ``torch.optim.Optimizer.zero_grad`` does; Pyro's ``SVI`` sets them to zeros). Every other
-    step, and any other ELBO or optimiser, is ``SVI.step`` itself. (Where the optimiser's flat
-    Adam steps, the gradients are zeroed in place instead: views of its buffer.)
+    step is ``SVI.step``'s (the same loss, trace and optimiser step), its gradients cleared by
+    :meth:`~pyro_dropout.infer.FusedOptim.clear_grads` where the optimiser is one; any other
+    optimiser's step is ``SVI.step`` itself. (Where the optimiser's flat Adam steps, the
+    gradients are zeroed in place instead: views of its buffer.)
 
     ``cuda_graph=True``: on a GPU, each checked step (the graph, backward, the flat Adam
     update, the gradient reset) is recorded once as a CUDA graph and replayed, and every step
@@ -84,14 +88,14 @@ class CompiledSVI(SVI):
 
     def _step(self, args: tuple, kwargs: dict[str, Any]) -> float:
         if self.compiled_elbo is None:
-            return super().step(*args, **kwargs)
+            return self._eager_step(args, kwargs)
         # The key of the graph includes the handlers active at the call: those of SVI.step,
         # which enters a trace (keyed by its type) around the loss; not entered here.
         ready = self.compiled_elbo.checked_graph(
             self.model, self.guide, args, kwargs, inner=(TraceMessenger,)
         )
         if ready is None:
-            return super().step(*args, **kwargs)
+            return self._eager_step(args, kwargs)
         graph, names = ready
         store = dict(pyro.get_param_store().named_parameters())  # unconstrained tensors
         params = [store[name] for name in names]
@@ -114,3 +118,21 @@ class CompiledSVI(SVI):
         if loss != loss:  # (warn_if_nan's frame lookup only where it warns)
             warn_if_nan(loss, "loss")
         return loss
+
+    def _eager_step(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """``SVI.step``, but with :class:`~pyro_dropout.infer.FusedOptim` the gradients are
+        cleared by :meth:`~pyro_dropout.infer.FusedOptim.clear_grads`: Pyro's ``zero_grads``
+        gives each parameter a new zero tensor, which the flat Adam copies back into its
+        buffer at the next step (a copy and an allocation per parameter, every step)."""
+        if not isinstance(self.optim, FusedOptim):
+            return super().step(*args, **kwargs)
+        with poutine.trace(param_only=True) as capture:
+            loss = self.loss_and_grads(self.model, self.guide, *args, **kwargs)
+        params = list(
+            dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values())
+        )
+        self.optim(params)
+        self.optim.clear_grads(params)
+        if isinstance(loss, tuple):  # (as SVI.step: e.g. ReweightedWakeSleep's pair)
+            return type(loss)(map(torch_item, loss))
+        return torch_item(loss)

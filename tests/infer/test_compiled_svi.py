@@ -9,6 +9,7 @@ from pyro.infer import SVI
 from pyro_dropout import AutoDropout, AutoMeanField, BayesianMLP, local_reparameterization
 from pyro_dropout.guides import AutoConcreteDropout
 from pyro_dropout.infer import CompiledSVI, JitMeanFieldELBO, MeanFieldELBO, fused_adam
+from pyro_dropout.infer.flat_adam import FlatAdam
 
 GUIDES = {
     "dropout": lambda m: AutoDropout(m, dropout_rate=0.1),
@@ -59,11 +60,12 @@ def test_same_steps_as_svi(guide):
 
 def test_fast_path_taken_after_the_checked_traces(monkeypatch):
     calls = []
+    eager = CompiledSVI._eager_step
     monkeypatch.setattr(
-        SVI, "step", lambda self, *a, **k: calls.append(1) or SVI_STEP(self, *a, **k)
+        CompiledSVI, "_eager_step", lambda self, *a: calls.append(1) or eager(self, *a)
     )
     svi, _, _ = _train(CompiledSVI, "dropout", steps=12)
-    # two signatures (32 rows, 6 rows), each traced on two calls through SVI.step
+    # two signatures (32 rows, 6 rows), each traced on two calls through SVI.step's path
     assert len(calls) == 4
     # cleared after the step: zeroed in place, views of the flat Adam's gradient buffer
     flat = svi.optim._flat
@@ -83,6 +85,31 @@ def test_other_elbo_or_optimiser_is_plain_svi():
     assert l1 == l0
     svi, _, _ = _train(CompiledSVI, "dropout", optim=pyro.optim.Adam({"lr": 1e-2}))
     assert svi.compiled_elbo is None
+
+
+def test_eager_steps_keep_the_gradients_in_the_flat_adams_buffer(monkeypatch):
+    """With an ELBO that is not compiled, CompiledSVI takes SVI.step's steps (same losses,
+    checked above) but clears the gradients in place: they stay views of the flat Adam's
+    buffer, so its steps copy nothing (Pyro's zero_grads would give each a new tensor)."""
+    copies = []
+    ready = FlatAdam.ready
+
+    def counting_ready(self):
+        before = [p.grad for p in self.params]
+        out = ready(self)
+        copies.extend(g is not p.grad for g, p in zip(before, self.params, strict=True))
+        return out
+
+    monkeypatch.setattr(FlatAdam, "ready", counting_ready)
+    svi, _, _ = _train(CompiledSVI, "dropout", elbo=MeanFieldELBO(max_plate_nesting=1))
+    flat = svi.optim._flat
+    assert flat is not None and copies and not any(copies)
+    for p in flat.params:
+        assert p.grad is not None and not p.grad.any()
+        assert p.grad.untyped_storage().data_ptr() == flat.flat_grad.untyped_storage().data_ptr()
+    copies.clear()
+    _train(SVI, "dropout", elbo=MeanFieldELBO(max_plate_nesting=1))  # plain SVI: copies
+    assert any(copies)
 
 
 # A model that cannot be compiled (eager with one CompilationWarning) through fit, which trains
