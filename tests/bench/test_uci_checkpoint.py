@@ -64,6 +64,8 @@ class _StopAfter(Checkpoint):
     def due(self):
         self.calls += 1
         if self.calls == self.n:
+            # (never the default handler, which would end the test process)
+            assert signal.getsignal(signal.SIGTERM) == self._on_term
             os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
         return super().due()
 
@@ -181,6 +183,7 @@ def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch):
     def stop_at_the_fifth_step(self):
         calls["n"] += 1
         if calls["n"] == 5:
+            assert signal.getsignal(signal.SIGTERM) == self._on_term
             os.kill(os.getpid(), signal.SIGTERM)
         return real(self)
 
