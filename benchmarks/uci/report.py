@@ -66,6 +66,15 @@ TWO_LAYER_NOTE = (
 )
 TWO_LAYER_COLUMN = "Dropout'16 2-layer"
 
+#: The mark of a row with failed fits: splits whose test RMSE is above that of predicting the
+#: training mean (``summary.constant_rmse``), and its note.
+FAILED_MARK = "‼"
+FAILED_NOTE = (
+    f"{FAILED_MARK} = failed fits: on these splits the test RMSE is above that of predicting "
+    "the training rows' mean target (a fit that learned nothing); they are counted in the row's "
+    "mean as run:"
+)
+
 
 def anchor_of(entry, agg):
     """The published ``{"rmse": (mean, se), "ll": (mean, se)}`` a row is compared with: the
@@ -507,7 +516,7 @@ def markdown(summary, guides):
         "original target scale, LL = mean test log-likelihood per point (higher is better). "
         "† = reduced budget (see the notes)."
     )
-    notes = []
+    notes, failed_notes = [], []
     for metric, title in (("rmse", "Test RMSE"), ("ll", "Test log-likelihood")):
         lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |"]
         lines.append("|" + " --- |" * len(header))
@@ -519,6 +528,13 @@ def markdown(summary, guides):
                     row.append("–")
                     continue
                 cell = _fmt(agg[metric]["mean"], agg[metric]["se"]) + _mark(agg)
+                failed = agg.get("worse_than_constant")
+                if failed:
+                    cell += f" {FAILED_MARK}"
+                    if metric == "rmse":
+                        failed_notes.append(
+                            f"{name} / {g}: {_split_list(failed)} of {agg['n_splits_done']}"
+                        )
                 if agg["reduced"]:
                     cell += " †"
                     if metric == "rmse":
@@ -533,6 +549,8 @@ def markdown(summary, guides):
             lines.append("| " + " | ".join(row) + " |")
     if two_layer:
         lines += ["", TWO_LAYER_NOTE]
+    if failed_notes:
+        lines += ["", FAILED_NOTE, ""] + [f"- {n}" for n in failed_notes]
     if notes:
         lines += ["", "Reduced budgets (†):", ""] + [f"- {n}" for n in notes]
     lines += _targets(summary, guides)

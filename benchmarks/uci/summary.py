@@ -89,6 +89,20 @@ def _reductions(ds, settings, splits_done):
     return notes
 
 
+def constant_rmse(ds, k):
+    """Test RMSE of predicting the training rows' mean target on split ``k``: what a fit that
+    learned nothing scores (about the targets' SD)."""
+    train, test = ds.split(k)
+    y = np.asarray(ds.y, dtype=np.float64)
+    return float(np.sqrt(np.mean((y[test] - y[train].mean()) ** 2)))
+
+
+def _worse_than_constant(ds, recs):
+    """Splits whose test RMSE is above :func:`constant_rmse` (a failed fit, not a weak one:
+    every published method is far below it on every dataset), so the report can say so."""
+    return [r["split"] for r in recs if r["test"]["rmse"] > constant_rmse(ds, r["split"])]
+
+
 def summarize(out, datasets, guides):
     """Aggregate the finished units under ``out`` (mean ± SE over splits, ddof = 0)."""
     summary = {"created": datetime.now(UTC).isoformat(timespec="seconds"), "datasets": {}}
@@ -143,6 +157,9 @@ def summarize(out, datasets, guides):
             if separate:
                 agg["separate_validation"] = _separate_phase(separate)
             agg["learned_tau_test"] = [r["test"]["tau"] for r in recs]
+            failed = _worse_than_constant(ds, recs)
+            if failed:
+                agg["worse_than_constant"] = failed
             agg["wall_s"] = float(sum(r["wall_s"] for r in recs))
             validated = [r["validation"]["phase"] for r in recs if r.get("validation")]
             agg["val_steps_per_s"] = (
