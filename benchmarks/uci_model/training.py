@@ -159,6 +159,11 @@ def train(
                     )
         if checkpoint is not None and first < total:
             save()  # trained: a sitting that stops during the evaluation keeps the training
+        if checkpoint is not None and checkpoint.stopping:  # SIGTERM during the last step
+            raise Interrupted(
+                f"SIGTERM: training finished and checkpointed in {checkpoint.path}; --resume "
+                "evaluates it"
+            )
     return FitStats(
         total,
         before_s + time.perf_counter() - start,

@@ -200,3 +200,26 @@ def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch):
     rec = uci.units._read_json(units[0])
     assert rec["final_fit"]["resumed_at_steps"] == [5]
     assert not list(Path(out, "checkpoints").rglob("*.pt"))
+
+
+def test_sigterm_during_the_last_step_stops_after_saving_the_trained_state(yacht, tmp_path):
+    path = tmp_path / "ck.pt"
+    with pytest.raises(Interrupted, match="training finished"):
+        # due() is asked after every step but the last: the 8th call follows step 8 of 9
+        _train(yacht, "dropout", 1, 3, checkpoint=_StopAfterLast(path, {"run": 1}))
+    assert torch.load(path, weights_only=False)["step"] == 9
+
+
+class _StopAfterLast(Checkpoint):
+    """SIGTERM during the last step (after the loop's last ``due()``)."""
+
+    def __init__(self, path, key):
+        super().__init__(path, key, every_s=0)
+        self.calls = 0
+
+    def due(self):
+        self.calls += 1
+        if self.calls == 8:  # the flag is set, but due() is not asked again before the end
+            self._stop = True
+            return False
+        return super().due()
