@@ -113,6 +113,8 @@ def train(
     order = None
     seen, warm_steps, compile_s = {}, 0, 0.0
     first, before_s, resumed_at = 0, 0.0, ()
+    # The guide's name in the param store is PyroModule's ``_pyro_name`` (the prefix of its
+    # parameters; set from the builders' ``name=``): Pyro has no public accessor for it.
     saved = checkpoint.load() if checkpoint is not None else None
     if saved is not None:
         checkpoint.restore(saved, optim, getattr(guide, "_pyro_name", None))
