@@ -170,7 +170,7 @@ def test_a_checkpoint_of_another_run_is_refused(yacht, tmp_path):
         Checkpoint(path, {"splits": [0, 2]}).load()
 
 
-def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch):
+def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     """`--resume` continues a phase that SIGTERM stopped (its checkpoint left, no unit yet),
     records where it resumed, and deletes the checkpoint once the units are written."""
     from ._uci import yacht_argv
@@ -194,7 +194,9 @@ def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch):
     left = list(Path(out, "checkpoints").rglob("*.pt"))
     assert len(left) == 1
     assert not list(Path(out, "units").rglob("split_*.json"))
+    capsys.readouterr()
     uci.main([*argv, "--resume"])
+    assert "at step 5 of" in capsys.readouterr().err  # the log says where it resumed
     units = sorted(Path(out, "units", "yacht", "concrete").glob("split_*.json"))
     assert [u.name for u in units] == ["split_0.json", "split_1.json"]
     rec = uci.units._read_json(units[0])
