@@ -207,9 +207,9 @@ def kl_concrete_masked_normal_normal(q: ConcreteMaskedNormal, p: Normal) -> torc
             divisor = keep * (2 * scale0.reshape(-1)[0] ** 2)
             if divisor.numel() == 1 and len(full) == event_dim and centred.shape == full:
                 # One rate for the layer, no batch dims: every group's on-term has the same
-                # divisor, so they are one full sum of squares (one mse_loss in a captured
-                # loss) over one division, where a sum per group, a division per group and
-                # a sum of the groups pass over the weight twice more each way.
+                # divisor, so they are one full sum of squares over one division, where a
+                # sum per group, a division per group and a sum of the groups pass over the
+                # weight twice more each way.
                 per_group, shared_on = fixed, (centred * centred).sum() / divisor
             else:
                 on = _sum_as_expanded(centred**2, full, group_dims)

@@ -256,13 +256,15 @@ def capture(fn: Callable[..., Any], inputs: tuple) -> tuple[Any, Captured]:
     # (Passes that changed no graph of the library's models were removed, issue 38: folding
     # sums of linear combinations and sums of sums, which `_combine_outputs` does for the loss,
     # and merging a clamp of a clamp; measured on the speed workloads, the heteroscedastic,
-    # learned-prior, classification and conv networks under the four guides, 2026-11-29.)
+    # learned-prior, classification and conv networks under the four guides, 2026-11-29.
+    # And a pass that no longer paid: full sums of squares as one `mse_loss` (since squares
+    # are products, fit's step with and without it equal within the noise at W1 and W2 for
+    # the four guides, one CPU thread, interleaved rounds, 2026-11-30.)
     _merge_repeats(graph)
     _drop_unused(graph, draws=False)
     _fuse_linear_bias(graph)
     _combine_outputs(graph, root)
     _drop_unused(graph, draws=False)
-    _fuse_squared_sums(graph, root)
     _square_as_product(graph)
     module = fx.GraphModule(root, graph)
     _check(module, inputs, outs, rng, start)
@@ -614,34 +616,10 @@ def _number(v):
     return type(v) in (int, float)
 
 
-def _form(node, shape):
-    """``node`` as a :class:`_Form` over leaves of ``shape`` (itself a leaf where it is not a
-    linear operation of such nodes and numbers)."""
-    leaf = _Form({node: 1.0})
-    if node.op != "call_function" or node.meta.get("grad") is not None or node.kwargs:
-        return leaf
-    func = node.meta.get("func")
-    if node.meta.get("shape") != shape:
-        return leaf
-
-    def part(v):
-        if _number(v):
-            return _Form(const=float(v))
-        if isinstance(v, fx.Node) and v.meta.get("shape") == shape:
-            return _form(v, shape)
-        return None
-
-    if func in _SUM and len(node.args) == 1 and shape == ():  # the sum of a number: itself
-        a = part(node.args[0])
-        return leaf if a is None else a
-    return _linear_form(node, func, part, leaf)
-
-
 def _linear_form(node, func, part, leaf):
-    """The cases :func:`_form` and :func:`_scalar_form` share: ``node`` a negation, a sum or
-    difference of two parts, a part times or over a number, or a number minus a part, as a
-    :class:`_Form` (``part(v)`` the form of an operand, ``None`` where it has none); ``leaf``
-    otherwise."""
+    """``node`` a negation, a sum or difference of two parts, a part times or over a number,
+    or a number minus a part, as a :class:`_Form` (``part(v)`` the form of an operand, ``None``
+    where it has none); ``leaf`` otherwise."""
     if func in _NEG and len(node.args) == 1:
         a = part(node.args[0])
         return leaf if a is None else a.scaled(-1.0)
@@ -690,7 +668,7 @@ def _combine_outputs(graph, root):
     for k, node in enumerate(outs):
         if not isinstance(node, fx.Node) or node.meta.get("shape") != ():
             continue
-        form = _scalar_form(node)
+        form = _sum_form(node)
         terms = [(leaf, c) for leaf, c in form.terms.items() if c != 0.0]
         if len(terms) < 3:
             continue
@@ -742,39 +720,7 @@ class _FullSum:
         return out
 
 
-# The operator itself (public ``torch.ops``): ``F.mse_loss``'s Python wrapper costs 2 us a call.
-_MSE_LOSS = torch.ops.aten.mse_loss.default
-_REDUCTION_SUM = 2  # aten's Reduction enum: none 0, mean 1, sum 2
 _POW = frozenset([torch.Tensor.pow, torch.Tensor.__pow__, torch.pow])
-
-
-def _fuse_squared_sums(graph, root):
-    """The full sum of a square, ``Σ (a − b)²`` (or ``Σ a²``), as one ``mse_loss``: one kernel
-    forward and one backward where ``sub``, ``pow`` and ``sum`` take three of each (the Gaussian
-    data term, a weight's Gaussian prior); 8–16 us less per term at W1 (2026-11-29, issue 38)."""
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.meta.get("func") not in _SUM:
-            continue
-        if len(node.args) != 1 or node.kwargs or node.meta.get("grad") is not None:
-            continue
-        squared = _squared_difference(node.args[0])
-        if squared is None:
-            continue
-        a, b = squared
-        with graph.inserting_before(node):
-            if b is None:
-                # A 0-d zero: the operator broadcasts it (only ``F.mse_loss``'s Python wrapper
-                # warns on unequal shapes), so no buffer the size of the weight is kept.
-                dtype, device = a.meta["like"]
-                name = f"zero_{str(dtype).split('.')[-1]}_{device.type}{device.index or ''}"
-                if not hasattr(root, name):
-                    setattr(root, name, torch.zeros((), dtype=dtype, device=device))
-                b = graph.get_attr(name)
-            fused = graph.call_function(_MSE_LOSS, (a, b, _REDUCTION_SUM))
-        _meta(fused, node)
-        fused.meta["like"] = node.meta.get("like")
-        node.replace_all_uses_with(fused)
-        graph.erase_node(node)
 
 
 def _square_as_product(graph):
@@ -800,46 +746,6 @@ def _square_as_product(graph):
             node.args = (args[0], args[0])
 
 
-def _squared_difference(node):
-    """``(a, b)`` where ``node`` is ``(a − b)²`` of same-shaped float tensors, ``(a, None)``
-    where it is ``a²`` (``pow(a, 2)`` or ``a * a``); ``None`` otherwise."""
-    if node.op != "call_function" or node.kwargs or node.meta.get("grad") is not None:
-        return None
-    if len(node.users) != 1:
-        return None  # the square is needed anyway (a Gaussian family's σ², say)
-    func, args = node.meta.get("func"), node.args
-    if func in _POW and len(args) == 2 and type(args[1]) in (int, float) and args[1] == 2:
-        base = args[0]
-    elif _BINARY.get(func) == "mul" and len(args) == 2 and args[0] is args[1]:
-        base = args[0]
-    else:
-        return None
-    like = node.meta.get("like")
-    if not (
-        isinstance(base, fx.Node)
-        and base.meta.get("shape") == node.meta["shape"]
-        and base.meta.get("like") == like
-        and like is not None
-        and like[0].is_floating_point
-    ):
-        return None
-    if (
-        base.op == "call_function"
-        and _BINARY.get(base.meta.get("func")) == "sub"
-        and not base.kwargs
-        and base.meta.get("grad") is None
-        and len(base.users) == 1
-        and all(
-            isinstance(v, fx.Node)
-            and v.meta.get("shape") == base.meta["shape"]
-            and v.meta.get("like") == like
-            for v in base.args
-        )
-    ):
-        return base.args[0], base.args[1]
-    return base, None
-
-
 _SHAPE_ONLY = frozenset(
     [torch.Tensor.reshape, torch.Tensor.view, torch.reshape, torch.Tensor.squeeze]
     + [torch.squeeze, torch.Tensor.unsqueeze, torch.unsqueeze, torch.Tensor.flatten]
@@ -847,55 +753,36 @@ _SHAPE_ONLY = frozenset(
 )
 
 
-def _one_element(v):
-    return isinstance(v, fx.Node) and "shape" in v.meta and _numel(v.meta["shape"]) == 1
-
-
-def _scalar_form(node):
-    """A one-element ``node`` as a :class:`_Form` over :class:`_FullSum` leaves: reshapes of
-    one element, partial sums, sums of linear combinations and linear operations seen through."""
-    leaf = _Form({_FullSum(node): 1.0})
-    if not _one_element(node) or node.op != "call_function" or node.meta.get("grad") is not None:
+def _sum_form(x):
+    """The sum of all of ``x``'s elements as a :class:`_Form` over :class:`_FullSum` leaves,
+    seen through what keeps it a linear combination of other full sums: reshapes, partial
+    sums, negations, sums and differences of operands of ``x``'s shape (or of one element
+    each), scalings by numbers, and numbers (each counted once per element)."""
+    leaf = _Form({_FullSum(x): 1.0})
+    if x.op != "call_function" or x.meta.get("grad") is not None or "shape" not in x.meta:
         return leaf
-    func = node.meta.get("func")
+    func, args, shape = x.meta.get("func"), x.args, x.meta["shape"]
+    a = args[0] if args else None
+    if (
+        (func in _SHAPE_ONLY or (func in _SUM and "dtype" not in x.kwargs))
+        and isinstance(a, fx.Node)
+        and "shape" in a.meta
+        and a.meta.get("like") == x.meta.get("like")  # (not a view as another dtype)
+    ):
+        return _sum_form(a)  # the same elements, or a partial sum of them
+    if x.kwargs:
+        return leaf
+    n = _numel(shape)
 
     def part(v):
         if _number(v):
-            return _Form(const=float(v))
-        return _scalar_form(v) if _one_element(v) else None
+            return _Form(const=float(v) * n)
+        if isinstance(v, fx.Node) and "shape" in v.meta:
+            if v.meta["shape"] == shape or _numel(v.meta["shape"]) == n == 1:
+                return _sum_form(v)
+        return None
 
-    if func in _SHAPE_ONLY and node.args:
-        a = part(node.args[0])
-        return leaf if a is None else a
-    if func in _SUM and node.args and "dtype" not in node.kwargs:
-        x = node.args[0]
-        return _sum_form(x) if isinstance(x, fx.Node) and "shape" in x.meta else leaf
-    if node.kwargs:
-        return leaf
-    return _linear_form(node, func, part, leaf)
-
-
-def _sum_form(x):
-    """The sum of all of ``x``'s elements as a :class:`_Form` (see :func:`_scalar_form`)."""
-    if _one_element(x):
-        return _scalar_form(x)
-    if (
-        x.op == "call_function"
-        and x.meta.get("func") in _SUM
-        and x.meta.get("grad") is None
-        and x.args
-        and isinstance(x.args[0], fx.Node)
-        and "shape" in x.args[0].meta
-        and "dtype" not in x.kwargs
-    ):
-        return _sum_form(x.args[0])  # the full sum of a partial sum
-    form = _form(x, x.meta["shape"])
-    if list(form.terms) == [x]:
-        return _Form({_FullSum(x): 1.0})
-    out = _Form(const=form.const * _numel(x.meta["shape"]))
-    for leaf, coef in form.terms.items():
-        out = out.plus(_sum_form(leaf).scaled(coef))
-    return out
+    return _linear_form(x, func, part, leaf)
 
 
 def _fuse_linear_bias(graph):
