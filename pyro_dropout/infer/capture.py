@@ -367,7 +367,8 @@ def _build(calls, inputs, out):
         args = _map(c.args, arg)
         kwargs = _map(c.kwargs, arg)
 
-        uses = set(_tensors_nodes((args, kwargs)))
+        uses: set[fx.Node] = set()
+        fx.map_arg((args, kwargs), uses.add)  # (public: the nodes in nested arguments)
         inplace = _inplace(c.func) or "out" in c.kwargs
         outs = _tensors(c.out)
         resolved = {}  # output index -> a node it is without a call (constant or alias)
@@ -512,23 +513,6 @@ def _alias_of(out, args, kwargs):
         if a is out or _same_view(a, out):
             return a
     return None
-
-
-def _tensors_nodes(value):
-    out = []
-
-    def visit(v):
-        if isinstance(v, fx.Node):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                visit(x)
-        elif isinstance(v, dict):
-            for x in v.values():
-                visit(x)
-
-    visit(value)
-    return out
 
 
 def _merge_repeats(graph):
