@@ -1,0 +1,134 @@
+"""Why a heteroscedastic UCI row failed: re-run its final fits exactly and look inside.
+
+    PYTHONPATH=<checkout of the units' commit> python tools/uci_hetero_diagnosis.py \
+        --data-dir ../shared/data/uci --units results/uci-hetero/units \
+        --dataset protein-tertiary-structure --guide vd-hetero --splits 0 1 2 3 4
+
+Run it from a checkout of the commit the units record (their ``code.commit``; one CPU thread,
+as the driver ran): with the units' seed and settings the final fits repeat the recorded run
+(the same engine and random stream) where ``--splits`` are the batch the units record
+(``final_fit.splits_in_batch``), so the test RMSE it prints can be checked against the units'. What the units do not keep, it prints: the training loss (the sum over the batch's
+members) every 50 epochs where the driver trains through ``CompiledSVI`` (the ``traced``
+engine; not the fused kernels), and, from the fitted guide's mean weights, for each member the
+training-set errors (median, 90 %, 99 %, RMSE; standardised targets), the share of training
+rows predicted more than 5 target SDs off, the predicted noise SD on those rows, and the
+correlation of the log error with the log predicted SD. The parameters are saved beside
+``--save``. A diagnosis aid for the UCI page, not a test. Works with the one-hidden-layer
+heteroscedastic network (the layout of ``b220d6f``, where the failed rows ran, and of later
+commits: ``benchmarks.uci``).
+"""
+
+import argparse
+import importlib
+import json
+import math
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+
+def _modules():
+    for prefix in ("benchmarks", "pyro_dropout.benchmarks"):  # the layout after / at b220d6f
+        try:
+            run = importlib.import_module(f"{prefix}.uci.run")
+            protocol = importlib.import_module(f"{prefix}.uci.protocol")
+            um = importlib.import_module(f"{prefix}.uci_model")
+            return run, protocol, um
+        except ModuleNotFoundError:
+            continue
+    raise SystemExit("run from a checkout of the repository (PYTHONPATH=<checkout>)")
+
+
+def _member_report(params, x, y, splits, min_scale, init_sd):
+    """Errors of each member's mean-weight network on its training rows (standardised)."""
+    prefix = next(k.split(".locs.")[0] for k in params if ".locs.layers.0.weight" in k)
+
+    def loc(name):
+        return params[f"{prefix}.locs.layers.{name}"].detach()[:, 0].double()
+
+    w0, b0, w1, b1 = loc("0.weight"), loc("0.bias"), loc("1.weight"), loc("1.bias")
+    c = math.log(math.expm1(init_sd))  # the scale head's offset: h = 0 gives init_sd
+    for m, k in enumerate(splits):
+        out = torch.relu(x[m].double() @ w0[m].T + b0[m]) @ w1[m].T + b1[m]
+        err = (out[:, 0] - y[m].double()).abs()
+        sd = min_scale + torch.nn.functional.softplus(out[:, 1] + c)
+        q = torch.quantile(err, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64))
+        far = err > 5
+        logs = torch.corrcoef(torch.stack([err.clamp_min(1e-12).log(), sd.log()]))[0, 1]
+        print(
+            f"split {k}: |error| median {q[0]:.2f}, 90% {q[1]:.2f}, 99% {q[2]:.2f}, RMSE "
+            f"{err.pow(2).mean().sqrt():.2f}; rows > 5 SD off {far.float().mean():.3f} (predicted "
+            f"noise SD there, median {sd[far].median() if far.any() else math.nan:.2f}; "
+            f"elsewhere {sd[~far].median():.2f}); corr(log error, log SD) {logs:.2f}",
+            flush=True,
+        )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--units", type=Path, required=True)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--guide", required=True)
+    parser.add_argument("--splits", type=int, nargs="+", required=True)
+    parser.add_argument("--save", type=Path, default=Path("hetero_diagnosis.pt"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    run, protocol, um = _modules()
+    from pyro_dropout.datasets.uci import load_uci
+    from pyro_dropout.infer import CompiledSVI
+
+    ds = load_uci(args.dataset, args.data_dir)
+    unit_dir = args.units / args.dataset / args.guide
+    units = [json.loads((unit_dir / f"split_{k}.json").read_text()) for k in args.splits]
+    settings = units[0]["settings"]
+    batch = units[0]["final_fit"]["splits_in_batch"]
+    if sorted(args.splits) != sorted(batch):  # another batch draws another random stream
+        print(f"note: the units trained splits {batch} as one batch; these fits will differ")
+    seed = protocol._seed(ds.name, args.guide, "final", *args.splits)
+    print(f"seed {seed} (units: {units[0]['final_fit']['seed']})", flush=True)
+    steps_per_epoch = math.ceil(units[0]["n_train"] / settings["batch_size"])
+    step, total = CompiledSVI.step, [0, 0.0]
+
+    def logged_step(self, *a, **k):  # the loss per epoch, every 50 epochs
+        loss = step(self, *a, **k)
+        total[0] += 1
+        total[1] += loss
+        if total[0] % (50 * steps_per_epoch) == 0:
+            epoch = total[0] // steps_per_epoch
+            print(f"epoch {epoch}: mean loss {total[1] / (50 * steps_per_epoch):.6g}", flush=True)
+            total[1] = 0.0
+        return loss
+
+    evaluate = um.evaluate
+
+    def inspected(model, guide, *a, **k):
+        pyro.get_param_store().save(args.save)
+        x, y = run._stack_split_arrays(ds, args.splits, False)[:2]
+        _member_report(
+            pyro.get_param_store().get_state()["params"],
+            x,
+            y,
+            args.splits,
+            um.HETERO_MIN_SCALE,
+            um.INIT_NOISE_SD,
+        )
+        ev = evaluate(model, guide, *a, **k)
+        print(f"test RMSE {ev.rmse.tolist()} (units: {[u['test']['rmse'] for u in units]})")
+        return ev
+
+    CompiledSVI.step, um.evaluate = logged_step, inspected
+    chosen = [u["chosen"] for u in units]
+    # the driver's options that _fit_and_evaluate reads (later layouts: a checkpoint, not kept)
+    options = argparse.Namespace(
+        out=args.save.parent / "hetero_diagnosis", resume=False, quiet=False
+    )
+    t0 = time.perf_counter()
+    run._fit_and_evaluate(ds, args.guide, args.splits, chosen, settings, False, seed, options)
+    print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
