@@ -1,0 +1,78 @@
+"""``tools/uci_hetero_diagnosis.py``: its re-run repeats the units it reads (the numbers it puts
+beside theirs are the same fits), and its per-member report says which rows a member leaves
+far off and what noise it predicts there."""
+
+import importlib.util
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import uci
+
+from ._uci import yacht_argv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "uci_hetero_diagnosis.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("uci_hetero_diagnosis", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rerun_repeats_the_units_test_rmse(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    uci.main(yacht_argv(data_dir, out, "vd-hetero"))
+    capsys.readouterr()
+    _tool().main(
+        [
+            "--data-dir",
+            str(data_dir),
+            "--units",
+            str(out / "units"),
+            "--dataset",
+            "yacht",
+            "--guide",
+            "vd-hetero",
+            "--splits",
+            "0",
+            "1",
+            "--save",
+            str(tmp_path / "params.pt"),
+        ]
+    )
+    text = capsys.readouterr().out
+    assert "note:" not in text  # the units' batch
+    got, units = re.search(r"test RMSE \[(.*)\] \(units: \[(.*)\]\)", text).groups()
+    assert [float(v) for v in got.split(",")] == [float(v) for v in units.split(",")]
+    assert re.search(r"split 0: .*rows > 5 SD off", text) and re.search(r"split 1: ", text)
+    assert (tmp_path / "params.pt").is_file()
+
+
+def test_the_report_names_the_rows_a_member_leaves_far_off(capsys):
+    """Two members of a 1-1-2 network on x = 1..8, y = 0: member 0 predicts 0 everywhere
+    (no row off), member 1 predicts 10 x (every row more than 5 off) with a scale head that
+    grows with x, so its predicted SD is larger there."""
+    x = torch.arange(1.0, 9.0).reshape(1, 8, 1).expand(2, 8, 1)
+    y = torch.zeros(2, 8)
+    params = {
+        "g.locs.layers.0.weight": torch.ones(2, 1, 1, 1),
+        "g.locs.layers.0.bias": torch.zeros(2, 1, 1),
+        "g.locs.layers.1.weight": torch.tensor([[[[0.0], [0.0]]], [[[10.0], [1.0]]]]),
+        "g.locs.layers.1.bias": torch.zeros(2, 1, 2),
+    }
+    _tool()._member_report(params, x, y, [3, 7], 1e-3, 0.1)
+    member0, member1 = capsys.readouterr().out.splitlines()
+    assert member0.startswith("split 3:") and "rows > 5 SD off 0.000" in member0
+    assert "RMSE 0.00" in member0
+    assert member1.startswith("split 7:") and "rows > 5 SD off 1.000" in member1
+    rmse = math.sqrt(sum((10.0 * k) ** 2 for k in range(1, 9)) / 8)
+    assert f"RMSE {rmse:.2f}" in member1
+    corr = float(re.search(r"corr\(log error, log SD\) ([-\d.]+)", member1).group(1))
+    assert corr > 0.9  # the error and the predicted SD both grow with x
