@@ -5,17 +5,19 @@
         --dataset protein-tertiary-structure --guide vd-hetero --splits 0 1 2 3 4
 
 Run it from a checkout of the commit the units record (their ``code.commit``; one CPU thread,
-as the driver ran): with the units' seed and settings the final fits repeat the recorded run
-(the same engine and random stream) where ``--splits`` are the batch the units record
-(``final_fit.splits_in_batch``), so the test RMSE it prints can be checked against the units'. What the units do not keep, it prints: the training loss (the sum over the batch's
-members) every 50 epochs where the driver trains through ``CompiledSVI`` (the ``traced``
-engine; not the fused kernels), and, from the fitted guide's mean weights, for each member the
-training-set errors (median, 90 %, 99 %, RMSE; standardised targets), the share of training
-rows predicted more than 5 target SDs off, the predicted noise SD on those rows, and the
-correlation of the log error with the log predicted SD. The parameters are saved beside
-``--save``. A diagnosis aid for the UCI page, not a test. Works with the one-hidden-layer
-heteroscedastic network (the layout of ``b220d6f``, where the failed rows ran, and of later
-commits: ``benchmarks.uci``).
+as the driver ran): with the units' seed and settings, and ``--splits`` the batch the units
+record (``final_fit.splits_in_batch``), the final fits repeat the recorded run (the same
+engine and random stream), so the test RMSE it prints can be checked against the units'. It
+prints what the units do not keep: the training loss (the sum over the batch's members)
+every 50 epochs where the driver trains through ``CompiledSVI`` (the ``traced`` engine, not
+the fused kernels), and for each member, from the network with the posterior-mean weights
+(``guide.median()``, as the units' ``rmse_mean_weights``; for MC dropout the
+weight-averaging net), the training-set errors (median, 90 %, 99 %, RMSE; standardised
+targets), the share of training rows more than 5 target SDs off, the predicted noise SD on
+those rows and elsewhere, and the correlation of the log error with the log predicted SD.
+The parameters are saved to ``--save``. A diagnosis aid for the UCI page, not a test. Works
+with the heteroscedastic networks of ``b220d6f``'s layout (``pyro_dropout.benchmarks``,
+where the failed rows ran) and of later commits (``benchmarks``).
 """
 
 import argparse
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 import pyro
+import pyro.poutine as poutine
 import torch
 
 
@@ -41,29 +44,30 @@ def _modules():
     raise SystemExit("run from a checkout of the repository (PYTHONPATH=<checkout>)")
 
 
-def _member_report(params, x, y, splits, min_scale, init_sd):
-    """Errors of each member's mean-weight network on its training rows (standardised)."""
-    prefix = next(k.split(".locs.")[0] for k in params if ".locs.layers.0.weight" in k)
-
-    def loc(name):
-        return params[f"{prefix}.locs.layers.{name}"].detach()[:, 0].double()
-
-    w0, b0, w1, b1 = loc("0.weight"), loc("0.bias"), loc("1.weight"), loc("1.bias")
-    c = math.log(math.expm1(init_sd))  # the scale head's offset: h = 0 gives init_sd
+def _member_report(mean, sd, y, splits):
+    """Each member's errors on its training rows: ``mean``, ``sd`` and ``y`` are ``(M, N)``
+    (standardised targets; the network's mean and predicted noise SD per row)."""
     for m, k in enumerate(splits):
-        out = torch.relu(x[m].double() @ w0[m].T + b0[m]) @ w1[m].T + b1[m]
-        err = (out[:, 0] - y[m].double()).abs()
-        sd = min_scale + torch.nn.functional.softplus(out[:, 1] + c)
+        err = (mean[m].double() - y[m].double()).abs()
         q = torch.quantile(err, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64))
         far = err > 5
-        logs = torch.corrcoef(torch.stack([err.clamp_min(1e-12).log(), sd.log()]))[0, 1]
+        logs = torch.corrcoef(torch.stack([err.clamp_min(1e-12).log(), sd[m].double().log()]))
+        there = sd[m][far].median() if far.any() else math.nan
         print(
             f"split {k}: |error| median {q[0]:.2f}, 90% {q[1]:.2f}, 99% {q[2]:.2f}, RMSE "
             f"{err.pow(2).mean().sqrt():.2f}; rows > 5 SD off {far.float().mean():.3f} (predicted "
-            f"noise SD there, median {sd[far].median() if far.any() else math.nan:.2f}; "
-            f"elsewhere {sd[~far].median():.2f}); corr(log error, log SD) {logs:.2f}",
+            f"noise SD there, median {there:.2f}; elsewhere {sd[m][~far].median():.2f}); "
+            f"corr(log error, log SD) {logs[0, 1]:.2f}",
             flush=True,
         )
+
+
+def _mean_weight_outputs(model, guide, x):
+    """The network with the guide's posterior-mean weights (``guide.median()``; for dropout
+    the weight-averaging net), as the driver's ``rmse_mean_weights``: ``(mean, sd)``."""
+    with torch.no_grad(), pyro.validation_enabled(False):
+        f = poutine.condition(model, data=guide.median())(x)
+    return f[..., 0], f[..., 1]
 
 
 def main(argv=None):
@@ -107,14 +111,7 @@ def main(argv=None):
     def inspected(model, guide, *a, **k):
         pyro.get_param_store().save(args.save)
         x, y = run._stack_split_arrays(ds, args.splits, False)[:2]
-        _member_report(
-            pyro.get_param_store().get_state()["params"],
-            x,
-            y,
-            args.splits,
-            um.HETERO_MIN_SCALE,
-            um.INIT_NOISE_SD,
-        )
+        _member_report(*_mean_weight_outputs(model, guide, x), y, args.splits)
         ev = evaluate(model, guide, *a, **k)
         print(f"test RMSE {ev.rmse.tolist()} (units: {[u['test']['rmse'] for u in units]})")
         return ev
