@@ -116,14 +116,17 @@ def main(argv=None):
         print(f"test RMSE {ev.rmse.tolist()} (units: {[u['test']['rmse'] for u in units]})")
         return ev
 
-    CompiledSVI.step, um.evaluate = logged_step, inspected
     chosen = [u["chosen"] for u in units]
     # the driver's options that _fit_and_evaluate reads (later layouts: a checkpoint, not kept)
     options = argparse.Namespace(
         out=args.save.parent / "hetero_diagnosis", resume=False, quiet=False
     )
     t0 = time.perf_counter()
-    run._fit_and_evaluate(ds, args.guide, args.splits, chosen, settings, False, seed, options)
+    CompiledSVI.step, um.evaluate = logged_step, inspected
+    try:  # (restored after: a caller in the same process, e.g. a test run, keeps the originals)
+        run._fit_and_evaluate(ds, args.guide, args.splits, chosen, settings, False, seed, options)
+    finally:
+        CompiledSVI.step, um.evaluate = step, evaluate
     print(f"done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

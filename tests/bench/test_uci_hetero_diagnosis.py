@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import uci
+from benchmarks import uci, uci_model
+from pyro_dropout.infer import CompiledSVI
 
 from ._uci import yacht_argv
 
@@ -30,6 +31,7 @@ def test_the_rerun_repeats_the_units_test_rmse(data_dir, tmp_path, capsys):
     out = tmp_path / "out"
     uci.main(yacht_argv(data_dir, out, "vd-hetero"))
     capsys.readouterr()
+    originals = (CompiledSVI.step, uci_model.evaluate)
     _tool().main(
         [
             "--data-dir",
@@ -47,6 +49,7 @@ def test_the_rerun_repeats_the_units_test_rmse(data_dir, tmp_path, capsys):
             str(tmp_path / "params.pt"),
         ]
     )
+    assert (CompiledSVI.step, uci_model.evaluate) == originals  # nothing left patched
     text = capsys.readouterr().out
     assert "note:" not in text  # the units' batch
     got, units = re.search(r"test RMSE \[(.*)\] \(units: \[(.*)\]\)", text).groups()
