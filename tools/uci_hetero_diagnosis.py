@@ -39,7 +39,9 @@ def _modules():
             protocol = importlib.import_module(f"{prefix}.uci.protocol")
             um = importlib.import_module(f"{prefix}.uci_model")
             return run, protocol, um
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as err:  # only this layout's own modules may be missing
+            if err.name != prefix and not (err.name or "").startswith(prefix + "."):
+                raise
             continue
     raise SystemExit("run from a checkout of the repository (PYTHONPATH=<checkout>)")
 

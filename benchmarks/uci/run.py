@@ -137,6 +137,14 @@ def _checkpoint(ds, guide, splits, configs, settings, validation, seed, args):
     )
     if not args.resume:
         ck.remove()
+    else:
+        saved = ck.load()  # (also refuses another run's file before anything is built)
+        if saved is not None:  # a resumed phase is otherwise silent until its units
+            _log(
+                f"[{ds.name}/{guide}] resuming from {ck.path} at step {saved['step']} (saved "
+                f"{saved['saved_at']}, {saved['wall_s'] / 3600:.2f} h of training before)",
+                args.quiet,
+            )
     return ck
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -122,13 +121,6 @@ def train(
         first, order, loss = saved["step"], saved["order"], saved["loss"]
         before_s, compile_s, warm_steps = saved["wall_s"], saved["compile_s"], saved["warm_steps"]
         resumed_at = (*saved["resumed_at"], first)
-        # (stderr, as the driver's log: a resumed phase is otherwise silent until its units)
-        print(
-            f"resumed from {checkpoint.path} at step {first} of {total} (saved "
-            f"{saved['saved_at']}, {before_s / 3600:.2f} h of training before)",
-            file=sys.stderr,
-            flush=True,
-        )
     start = time.perf_counter()
 
     def save():  # (the state after `step` steps)

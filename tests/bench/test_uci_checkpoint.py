@@ -195,8 +195,9 @@ def test_the_driver_resumes_a_phase_from_its_checkpoint(tmp_path, monkeypatch, c
     assert len(left) == 1
     assert not list(Path(out, "units").rglob("split_*.json"))
     capsys.readouterr()
-    uci.main([*argv, "--resume"])
-    assert "at step 5 of" in capsys.readouterr().err  # the log says where it resumed
+    uci.main([*[a for a in argv if a != "--quiet"], "--resume"])
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "at step 5 (" in err  # the log says where it resumed
     units = sorted(Path(out, "units", "yacht", "concrete").glob("split_*.json"))
     assert [u.name for u in units] == ["split_0.json", "split_1.json"]
     rec = uci.units._read_json(units[0])
