@@ -12,8 +12,11 @@
 # (results/uci-2layer for two layers, results/uci-hetero for a heteroscedastic guide, else
 # results/uci-full), so units already committed, this CPU's included, are skipped and a row
 # goes on where the last session stopped. Units are written as each split batch finishes:
-# the deadline loses only the batch in flight. Every unit written, and the logs, come back
-# under $OUT/results/ with their paths: copy them into the checkout, check, commit.
+# the deadline loses only the batch in flight (a validation phase's units, split_<k>.val.json,
+# come back even when its final phase does not finish: the CPU can take the row on from them).
+# Every unit written comes back in $OUT/results.tar with its path under results/ (the device
+# tool returns no file more than two folders below $OUT), the logs beside it: `tar -xf
+# results.tar` in the checkout, check, commit.
 # (The device's copy of the tree has no git: the units name the commit through
 # PYRO_DROPOUT_COMMIT, benchmarks/_provenance.py, with "dirty": null.)
 # For a dry run elsewhere: RESULTS (folder of the result folders), UCI_ARGS (in place of the
@@ -23,6 +26,7 @@ set -u
 [ $# -eq 1 ] || { echo "usage: bash tools/gpu_uci.sh \"dataset:guide:layers[:split-batch] ...\""; exit 2; }
 deadline=$(($(date +%s) + ${DEADLINE_S:-540}))
 source tools/gpu/setup.sh
+OUT=$(cd "$OUT" && pwd)  # (absolute: the copy-back below runs in the result folder)
 marker="$OUT/.start"
 touch "$marker"
 for item in $1; do
@@ -41,8 +45,9 @@ for item in $1; do
         > "$OUT/uci_${ds}_${guide}_${layers}.log" 2>&1
     echo "rc $?"; grep -E "steps in|splits \[|Error" "$OUT/uci_${ds}_${guide}_${layers}.log" | tail -12
 done
-find "${RESULTS:-results}" -path '*/units/*' -type f -newer "$marker" | while read -r f; do
-    rel=results/${f#"${RESULTS:-results}"/}
-    mkdir -p "$OUT/$(dirname "$rel")" && cp "$f" "$OUT/$rel"
-done
-echo "== units written"; (cd "$OUT" && find results -type f 2>/dev/null | sort)
+results=${RESULTS:-results}
+(cd "$results" && find . -path '*/units/*' -type f -newer "$marker") > "$OUT/written.txt"
+if [ -s "$OUT/written.txt" ]; then
+    tar -cf "$OUT/results.tar" -C "$results" --transform 's|^\./|results/|' -T "$OUT/written.txt"
+fi
+echo "== units written"; sed 's|^\./|results/|' "$OUT/written.txt"

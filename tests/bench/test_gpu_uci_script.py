@@ -1,12 +1,14 @@
 """``tools/gpu_uci.sh``, the device session's UCI runner, dry-run on the CPU: its rows land in
-the result folder of their depth and guide, the units name the commit given, come back under
-``$OUT/results/`` with their paths, and a second session resumes (writes nothing new)."""
+the result folder of their depth and guide, the units name the commit given, come back in
+``$OUT/results.tar`` with their paths under ``results/`` (the device tool returns nothing more
+than two folders below ``$OUT``), and a second session resumes (writes nothing new)."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,9 @@ def test_rows_land_in_their_folders_name_the_commit_and_resume(tmp_path, data_di
     assert data_dir == UCI_DIR  # the script reads ../shared/data/uci beside the checkout
     run = _run(tmp_path, "yacht:dropout:1:2 yacht:dropout-hetero:2:2")
     assert run.returncode == 0, run.stdout + run.stderr
-    back = tmp_path / "out" / "results"
+    with tarfile.open(tmp_path / "out" / "results.tar") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    back = tmp_path / "back" / "results"
     one = back / "uci-full" / "units" / "yacht" / "dropout" / "split_0.json"
     two = back / "uci-2layer" / "units" / "yacht" / "dropout-hetero" / "split_1.json"
     assert one.is_file() and two.is_file(), run.stdout
@@ -54,7 +58,7 @@ def test_rows_land_in_their_folders_name_the_commit_and_resume(tmp_path, data_di
     shutil.rmtree(tmp_path / "out")
     again = _run(tmp_path, "yacht:dropout:1:2")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert not (tmp_path / "out" / "results").exists()  # every unit was there: none written
+    assert not (tmp_path / "out" / "results.tar").exists()  # every unit was there: none written
 
 
 def test_refuses_to_run_without_the_commit(tmp_path):
