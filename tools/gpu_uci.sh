@@ -14,9 +14,14 @@
 # goes on where the last session stopped. Units are written as each split batch finishes:
 # the deadline loses only the batch in flight (a validation phase's units, split_<k>.val.json,
 # come back even when its final phase does not finish: the CPU can take the row on from them).
-# Every unit written comes back in $OUT/results.tar with its path under results/ (the device
-# tool returns no file more than two folders below $OUT), the logs beside it: `tar -xf
-# results.tar` in the checkout, check, commit.
+# Every unit written, and the checkpoint of a phase the deadline stopped, come back in
+# $OUT/results.tar with their paths under results/ (the device tool returns no file more than
+# two folders below $OUT), the logs beside it: `tar -xf results.tar` in the checkout, check,
+# commit the units (git ignores checkpoints/). A phase stopped by the deadline resumes on the
+# GPU: at once on the same warm machine (its ignored files stay), or on a fresh one that
+# carries results/<folder>/checkpoints. Measured (2026-11-30, one H200, commit 6298f52): the
+# kin8nm two-layer MC dropout row, 20 splits as one batch, 381 s; naval's validation phase
+# (240 members) 330 s.
 # (The device's copy of the tree has no git: the units name the commit through
 # PYRO_DROPOUT_COMMIT, benchmarks/_provenance.py, with "dirty": null.)
 # For a dry run elsewhere: RESULTS (folder of the result folders), UCI_ARGS (in place of the
@@ -46,8 +51,11 @@ for item in $1; do
     echo "rc $?"; grep -E "steps in|splits \[|Error" "$OUT/uci_${ds}_${guide}_${layers}.log" | tail -12
 done
 results=${RESULTS:-results}
-(cd "$results" && find . -path '*/units/*' -type f -newer "$marker") > "$OUT/written.txt"
+# (and the checkpoint of a phase the deadline stopped: a next call on this machine, or one
+# that carries the checkpoints folder, resumes it on the GPU; a CPU refuses a GPU's checkpoint)
+(cd "$results" && find . \( -path '*/units/*' -o -path '*/checkpoints/*' \) -type f \
+    -newer "$marker") > "$OUT/written.txt"
 if [ -s "$OUT/written.txt" ]; then
     tar -cf "$OUT/results.tar" -C "$results" --transform 's|^\./|results/|' -T "$OUT/written.txt"
 fi
-echo "== units written"; sed 's|^\./|results/|' "$OUT/written.txt"
+echo "== units (and checkpoints) written"; sed 's|^\./|results/|' "$OUT/written.txt"
