@@ -25,7 +25,8 @@
 # (The device's copy of the tree has no git: the units name the commit through
 # PYRO_DROPOUT_COMMIT, benchmarks/_provenance.py, with "dirty": null.)
 # For a dry run elsewhere: RESULTS (folder of the result folders), UCI_ARGS (in place of the
-# device options) and PY (the interpreter) may be set.
+# device options), PY (the interpreter) and MIN_START_S (a row starts only with more than this
+# many seconds left, default 60: less would not reach its first unit on a GPU) may be set.
 set -u
 [ -n "${PYRO_DROPOUT_COMMIT:-}" ] || { echo "set PYRO_DROPOUT_COMMIT to the clean commit this tree is"; exit 2; }
 [ $# -eq 1 ] || { echo "usage: bash tools/gpu_uci.sh \"dataset:guide:layers[:split-batch] ...\""; exit 2; }
@@ -41,7 +42,7 @@ for item in $1; do
     elif [ "${guide%-hetero}" != "$guide" ]; then out=$results/uci-hetero
     else out=$results/uci-full; fi
     left=$((deadline - $(date +%s)))
-    [ "$left" -gt 60 ] || { echo "== $item: not started (${left} s left)"; continue; }
+    [ "$left" -gt "${MIN_START_S:-60}" ] || { echo "== $item: not started (${left} s left)"; continue; }
     echo "== $item -> $out (${left} s left)"
     # shellcheck disable=SC2086  # UCI_ARGS: several options
     timeout "$left" "${PY:-python3}" -m benchmarks.uci --data-dir ../shared/data/uci --out "$out" \
