@@ -162,9 +162,9 @@ def _version_tuple(text):
 
 
 def test_ci_installs_the_declared_floor_and_the_newest_torch_named():
-    """pyproject's torch floor is what CI's Python 3.11 line installs, and the 3.12 line's one
-    requirement (``.ci/newest-torch.txt``, read by ``.ci/run`` with a grep for non-comment
-    lines) is a single ``torch>=X.Y.Z`` at or above it."""
+    """pyproject's torch floor is what CI's Python 3.11 line installs, and the 3.12 line's
+    requirements (``.ci/requirements-py312.txt``, ``pip install -r`` in ``.ci/run``) are one
+    ``torch>=X.Y.Z`` at or above it."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (floor,) = [re.fullmatch(r"torch>=([\d.]+)", d).group(1) for d in deps if d.startswith("torch")]
     ci = (ROOT / ".ci" / "run").read_text()
@@ -172,10 +172,10 @@ def test_ci_installs_the_declared_floor_and_the_newest_torch_named():
     assert pinned and _version_tuple(pinned[0])[:2] == _version_tuple(floor)[:2]
     lines = [
         line
-        for line in (ROOT / ".ci" / "newest-torch.txt").read_text().splitlines()
-        if not line.startswith("#")
+        for line in (ROOT / ".ci" / "requirements-py312.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
     ]
-    assert len(lines) == 1, lines  # (a second line would reach pip as one argument)
+    assert len(lines) == 1, lines
     newest = re.fullmatch(r"torch>=(\d+\.\d+\.\d+)", lines[0])
     assert newest and _version_tuple(newest.group(1)) >= _version_tuple(floor)
-    assert '"$root/.ci/newest-torch.txt"' in ci
+    assert '"-r$root/.ci/requirements-py312.txt"' in ci
