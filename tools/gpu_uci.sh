@@ -26,7 +26,7 @@
 # PYRO_DROPOUT_COMMIT, benchmarks/_provenance.py, with "dirty": null.)
 # For a dry run elsewhere: RESULTS (folder of the result folders), UCI_ARGS (in place of the
 # device options), PY (the interpreter) and MIN_START_S (a row starts only with more than this
-# many seconds left, default 60: less would not reach its first unit on a GPU) may be set.
+# many seconds left; default 60, the device runs' margin, not measured) may be set.
 set -u
 [ -n "${PYRO_DROPOUT_COMMIT:-}" ] || { echo "set PYRO_DROPOUT_COMMIT to the clean commit this tree is"; exit 2; }
 [ $# -eq 1 ] || { echo "usage: bash tools/gpu_uci.sh \"dataset:guide:layers[:split-batch] ...\""; exit 2; }
