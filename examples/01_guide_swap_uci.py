@@ -93,7 +93,8 @@ def repo_root():
 
 
 UCI_DIR = Path(UCI_DIR) if UCI_DIR else repo_root().parent / "shared" / "data" / "uci"
-print("UCI data:", UCI_DIR)
+# shown relative to the repository: the committed output names no folder of one machine
+print("UCI data:", os.path.relpath(UCI_DIR, repo_root()))
 torch.set_num_threads(1)  # a net this small runs fastest on one thread
 pyro.clear_param_store()
 

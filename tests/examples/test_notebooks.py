@@ -90,6 +90,12 @@ def _py_cells(text):
     return cells
 
 
+#: A POSIX path from the file-system root or a Windows drive path, as printed
+_ABSOLUTE_PATH = re.compile(
+    r"(?<![\w.~/])/(?:home|work|tmp|root|Users|mnt|opt|srv|var)/\S*|\b[A-Z]:\\\S*"
+)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_committed_notebook_matches_its_script_and_has_outputs(path):
     ipynb = path.with_suffix(".ipynb")
@@ -116,3 +122,11 @@ def test_committed_notebook_matches_its_script_and_has_outputs(path):
         if o["output_type"] == "stream" and re.search(r"\b\w*Warning: ", "".join(o["text"]))
     ]
     assert not warned, f"{ipynb.name} shows warnings: {warned}"
+    # A folder of the machine that rendered it means nothing to a reader (notebook 01 printed
+    # its data folder as /work/shared/... until 2026-11-30): print paths relative to the repo
+    texts = [
+        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        for o in outputs
+    ]
+    absolute = [m.group(0) for t in texts for m in _ABSOLUTE_PATH.finditer(t)]
+    assert not absolute, f"{ipynb.name} prints absolute paths: {absolute}"
