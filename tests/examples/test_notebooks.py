@@ -123,7 +123,7 @@ def test_committed_notebook_matches_its_script_and_has_outputs(path):
     ]
     assert not warned, f"{ipynb.name} shows warnings: {warned}"
     # A folder of the machine that rendered it means nothing to a reader (notebook 01 printed
-    # its data folder as /work/shared/... until 2026-11-30): print paths relative to the repo
+    # its data folder from the file-system root until 2026-11-30): print paths relative to the repo
     texts = [
         "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
         for o in outputs
