@@ -1,5 +1,6 @@
 """What the UCI benchmark's tests share."""
 
+import importlib.util
 from pathlib import Path
 
 #: The UCI benchmark with its published splits, beside the checkout (``../shared/data/uci``).
@@ -21,3 +22,13 @@ def yacht_argv(data_dir, out, guides, *extra):
         str(out),
         *extra,
     ]
+
+
+def load_tool(filename):
+    """A script of the repository's ``tools/`` folder, loaded as a module (tools are not a
+    package: each runs on its own, from a checkout of the commit it studies)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / filename
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

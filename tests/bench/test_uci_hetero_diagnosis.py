@@ -2,10 +2,8 @@
 beside theirs are the same fits), and its per-member report says which rows a member leaves
 far off and what noise it predicts there."""
 
-import importlib.util
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,18 +11,13 @@ import torch
 from benchmarks import uci, uci_model
 from pyro_dropout.infer import CompiledSVI
 
-from ._uci import yacht_argv
+from ._uci import load_tool, yacht_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "uci_hetero_diagnosis.py"
-
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("uci_hetero_diagnosis", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("uci_hetero_diagnosis.py")
 
 
 def test_the_rerun_repeats_the_units_test_rmse(data_dir, tmp_path, capsys):

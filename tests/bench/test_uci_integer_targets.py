@@ -2,10 +2,8 @@
 discretised score is the probability of the unit bin around each target under the predictive
 mixture (checked against the normal CDF written out with ``math.erf``)."""
 
-import importlib.util
 import math
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,18 +11,13 @@ import torch
 from benchmarks import uci, uci_fused, uci_model
 from benchmarks.uci_model import evaluation
 
-from ._uci import yacht_argv
+from ._uci import load_tool, yacht_argv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "uci_integer_targets.py"
-
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("uci_integer_targets", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("uci_integer_targets.py")
 
 
 @pytest.mark.parametrize("guide", ["dropout", "vd-hetero"])
